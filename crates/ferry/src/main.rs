@@ -1,0 +1,2 @@
+//! The `ferry` command.
+fn main() {}

@@ -1,0 +1,72 @@
+//! The tunable limits and timeouts of one Raft node.
+
+use crate::types::{GroupId, NodeId};
+
+/// Settings of one node. [`Options::new`] gives sensible defaults; every
+/// timeout is in ticks, every size limit in bytes or counts as named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// This node.
+    pub id: NodeId,
+    /// Its group.
+    pub group: GroupId,
+    /// The least election timeout; each timeout is drawn uniformly from
+    /// `[election_timeout_ticks, 2 * election_timeout_ticks)`.
+    pub election_timeout_ticks: u32,
+    /// How often a leader sends heartbeats.
+    pub heartbeat_interval_ticks: u32,
+    /// Campaign only after a pre-vote round shows the node could win.
+    pub pre_vote: bool,
+    /// A leader steps down if it has not heard from a quorum within an
+    /// election timeout; followers ignore votes while they hear a leader.
+    pub check_quorum: bool,
+    /// Allow [`crate::ReadConsistency::Lease`] reads (needs `check_quorum`).
+    pub lease_reads: bool,
+    /// Forward requests to the leader (true) or answer `NotLeader` (false).
+    pub forward_requests: bool,
+    /// The most append messages in flight to one follower.
+    pub inflight_messages_max: usize,
+    /// The most entry bytes in flight to one follower.
+    pub inflight_bytes_max: u64,
+    /// The most entry bytes in one append message (at least one entry is
+    /// always sent).
+    pub append_bytes_max: u64,
+    /// The size of a snapshot chunk.
+    pub snapshot_chunk_bytes: u64,
+    /// How long the leader waits for a snapshot chunk's acknowledgement
+    /// before it resends from the last acknowledged offset.
+    pub snapshot_chunk_timeout_ticks: u32,
+    /// How long a request may wait for a leader, a forwarded answer or a
+    /// read to become ready, before it fails.
+    pub request_timeout_ticks: u32,
+    /// The most client requests waiting on this node at once.
+    pub pending_requests_max: usize,
+    /// Entries kept in the log behind a new snapshot, so that followers a
+    /// little behind can still be sent entries rather than the snapshot.
+    pub compaction_lag_entries: u64,
+}
+
+impl Options {
+    /// Defaults for node `id` of group `group`: election timeout 10 ticks,
+    /// heartbeat 1 tick, pre-vote and check-quorum on.
+    pub fn new(id: NodeId, group: GroupId) -> Self {
+        Options {
+            id,
+            group,
+            election_timeout_ticks: 10,
+            heartbeat_interval_ticks: 1,
+            pre_vote: true,
+            check_quorum: true,
+            lease_reads: false,
+            forward_requests: true,
+            inflight_messages_max: 256,
+            inflight_bytes_max: 16 << 20,
+            append_bytes_max: 1 << 20,
+            snapshot_chunk_bytes: 1 << 20,
+            snapshot_chunk_timeout_ticks: 20,
+            request_timeout_ticks: 50,
+            pending_requests_max: 4096,
+            compaction_lag_entries: 1000,
+        }
+    }
+}

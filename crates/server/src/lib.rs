@@ -1,0 +1,1 @@
+//! ferry-server
