@@ -2,9 +2,12 @@
 
 #![forbid(unsafe_code)]
 
+mod dev_cmd;
 mod lincheck_cmd;
+mod serve_cmd;
 mod sim_cmd;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +23,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Start a local three-node cluster (client ports 2379, 22379, 32379;
+    /// data under ./ferry-dev/). Ctrl-C stops it; run again to resume.
+    Dev(dev_cmd::DevArgs),
+    /// Run one node of a cluster: the etcd v3 API, the peer transport and
+    /// the replicated key-value store.
+    Serve(serve_cmd::ServeArgs),
     /// Run seeds of the simulator: the real engine under network, disk and
     /// clock faults, with safety, linearizability and liveness checked.
     Sim(sim_cmd::SimArgs),
@@ -30,7 +39,20 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Dev(args) => dev_cmd::run(args),
+        Command::Serve(args) => serve_cmd::run(args),
         Command::Sim(args) => sim_cmd::run(args),
         Command::Lincheck(args) => lincheck_cmd::run(args),
     }
+}
+
+/// Logs to stderr; `RUST_LOG` picks what (default: info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
 }

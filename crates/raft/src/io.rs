@@ -8,7 +8,7 @@
 use bytes::Bytes;
 
 use crate::message::Message;
-use crate::request::{Request, RequestId, RequestError, Response, Role};
+use crate::request::{Request, RequestError, RequestId, Response, Role};
 use crate::types::{Entry, HardState, Index, NodeId, SnapshotMeta, Term};
 
 /// One input to the engine.

@@ -6,20 +6,211 @@
 //! [`Action`]. The same engine runs under the real runtime and under the
 //! simulator, and a seed reproduces a run exactly.
 //!
-//! (The state and request matrix is documented below once the engine is
-//! complete.)
+//! One [`RaftNode`] is one member of one group, identified by (group id,
+//! node id); a process hosts as many as it likes. The runtime calls
+//! [`RaftNode::step`] (or [`RaftNode::step_batch`], which groups the work
+//! of several inputs into one persist request and one append per follower)
+//! and carries out the returned actions in order.
+//!
+//! ## What the engine guarantees the runtime
+//!
+//! * **Durable before acknowledged.** Term, vote and entries go out as
+//!   [`Action::Persist`] with increasing `seq` (from 1 for every new
+//!   instance). Vote grants, append and heartbeat answers and the snapshot
+//!   `Installed` answer wait inside the engine until [`Input::Persisted`]
+//!   covers everything decided before them. A candidate counts its own vote
+//!   only once it is durable. The leader sends appends in parallel with its
+//!   own persist and counts itself toward commit only for entries its own
+//!   storage has synced (with the term at that index checked).
+//! * **Commit** only by counting replicas of an entry of the leader's own
+//!   term (each leader appends a no-op first); joint configurations need a
+//!   majority of each half.
+//! * **Apply**: [`Action::Apply`] carries committed entries in order,
+//!   no-ops and configuration entries included, so the applied index is
+//!   contiguous. On start, entries in `(restored.applied, commit]` are
+//!   applied again. The engine may hand an entry to the state machine before
+//!   its own copy is synced (it is committed, so a quorum has it).
+//! * **Log in memory**: the engine keeps the entries after the last
+//!   compaction point; [`Input::SnapshotBuilt`] moves the snapshot and
+//!   compacts to `index - compaction_lag_entries` ([`Action::Compact`]),
+//!   but never beyond what this node's own storage has synced (a persist
+//!   request may still carry entries a snapshot already covers: storage
+//!   skips entries at or below its snapshot). [`RestoredState::entries`]
+//!   may start at or before the snapshot index; entries it covers are
+//!   skipped.
+//! * **Configuration** changes take effect when committed (etcd style); at
+//!   most one is uncommitted; voter changes go through a joint configuration
+//!   and the leader appends the leave-joint entry itself once the joint one
+//!   commits (also a new leader that inherits a committed joint config).
+//!   A learner can be promoted once its match index is within
+//!   [`PROMOTE_LAG_ENTRIES_MAX`] of the leader's last index. A node that sees
+//!   a committed configuration without itself (having been a member) emits
+//!   [`Action::Removed`] once, never campaigns again and answers every
+//!   request but status with [`RequestError::Removed`]. The leader keeps
+//!   replicating to a removed member for a few election timeouts so that it
+//!   learns of its removal; a leader that is no longer a voter steps down once
+//!   that configuration commits.
+//!
+//! ## Liveness by construction (the seeds)
+//!
+//! * Every replication state of a follower on the leader is left by a
+//!   message from that follower or by a timeout: probe (one append, resent
+//!   on every heartbeat answer), replicate (a heartbeat answer with the match
+//!   index stuck for three rounds while entries are outstanding sends the
+//!   follower back to probe; a full window is freed one slot per heartbeat
+//!   answer), snapshot (left on `SnapshotResponse` — `Installed`, `Stale` or
+//!   `Rejected` — or on any append answer; a chunk unacknowledged for
+//!   `snapshot_chunk_timeout_ticks` is resent from the last acknowledged
+//!   offset, and after three such timeouts in a row the leader probes
+//!   afresh). Nothing local is ever needed (seed 004).
+//! * A rejected append carries `(hint_index, hint_term)`; `hint_term == 0`
+//!   means the follower cannot tell the term there (empty log, compacted),
+//!   and the leader then probes right after `hint_index`. The next index
+//!   never falls below `match + 1`, and every reject moves it strictly
+//!   below the rejected index, so backtracking ends.
+//! * A follower answers a snapshot at or below its commit index (or one
+//!   whose last entry it already holds) with `Stale { match_index }` at
+//!   once, without saving it.
+//! * [`Input::PeerConnected`]: a leader moves the peer to probe and sends it
+//!   an append at once (term, commit, identity); a candidate re-sends its
+//!   vote request. Any append, heartbeat or snapshot chunk of the current
+//!   term makes a node follow its sender, without a new election (seed 002).
+//!
+//! ## Reads
+//!
+//! * `Linearizable`: ReadIndex. The leader records its commit index, starts
+//!   a heartbeat round (reads arriving together share one) and answers once a
+//!   quorum of each half has answered that round; a leader that has not yet
+//!   committed an entry of its term waits for its no-op first. A follower
+//!   forwards the read and waits until it has applied the returned index.
+//!   A leader that steps down fails its pending reads with `LeadershipLost`.
+//! * `Lease`: only with `lease_reads && check_quorum` (otherwise
+//!   `LeaseReadsDisabled`), only on the leader (a follower answers
+//!   `NotLeader`), never during a leadership transfer. If the lease has run
+//!   out the read falls back to ReadIndex.
+//! * `Local { min_applied }`: answered from the state last applied, or held
+//!   until `applied >= min_applied` (deadline: `request_timeout_ticks`, then
+//!   `Timeout`). A follower receiving a snapshot answers local reads from the
+//!   state it last applied (the snapshot moves it forward once installed).
+//!
+//! ### The lease's clock assumption
+//!
+//! With check-quorum, a follower that heard from the leader less than
+//! `election_timeout_ticks` of *its own* ticks ago refuses to vote for
+//! anyone else (unless the leader itself asked, by leadership transfer).
+//! The leader therefore owns the group until `election_timeout_ticks` after
+//! the moment it *sent* a heartbeat round that a quorum answered. The leader
+//! measures that time in its own ticks and keeps a margin: a lease lasts
+//! [`RaftNode::lease_ticks`] = `election_timeout_ticks - election_timeout_ticks/4 - 1`
+//! leader ticks after the round was sent. This is safe as long as no
+//! follower's clock runs more than about 25% faster than the leader's
+//! (bounded drift; ticks of all nodes measure roughly the same real time)
+//! and message delays do not matter (they only shorten the lease). If
+//! clocks can jump or drift more, use `Linearizable`.
+//!
+//! ## Requests
+//!
+//! Every request gets exactly one [`Action::Respond`]. A request that needs
+//! the leader is executed on the leader, forwarded to it (its answer
+//! relayed; no answer within `request_timeout_ticks` gives `Timeout`, an
+//! unknown outcome), redirected with `NotLeader` when `forward_requests` is
+//! off, or held in a queue bounded by `pending_requests_max` (`Busy` beyond)
+//! until a leader is known, then forwarded or executed; at the deadline it
+//! fails with `NoLeader`. A forwarded request the receiver refuses with
+//! `NotLeader` goes back to waiting for the right leader. A leader refuses
+//! proposals with `Busy` while its uncommitted tail holds
+//! `pending_requests_max` entries, and answers a `Forward` it receives twice
+//! (network duplication) with the first outcome instead of proposing again.
+//! A node that is removed fails the requests that never left it with
+//! `Removed`; requests it had already forwarded keep waiting for the
+//! leader's answer or their deadline (`Timeout`: the outcome is unknown).
+//!
+//! ## The state/request matrix
+//!
+//! What a node does with each kind of input in each role and sub-state.
+//! The `matrix` test builds a node in each row, feeds it each column's input
+//! and checks the observed outcome equals this table, cell by cell; it
+//! also checks that every client request is answered, forwarded, or held
+//! and then answered by its deadline. Legend: `ok:X` / `err:X` = the request
+//! is answered with that response or error; `send:X` = a message of that
+//! kind goes out (answers that need durability after the persist completes);
+//! `persist` = a persist request; `held` = the request waits (for a leader,
+//! for a quorum round or for apply, always with a deadline);
+//! `become:R` = role change; `save-chunk` / `load-chunk` / `compact` =
+//! snapshot storage actions; `-` = nothing to do (see the notes below).
+//!
+//! | role / sub-state | RequestVote (newer term) | pre-vote RequestVote | RequestVoteResponse (granted) | Append | AppendResponse (success) | Heartbeat | HeartbeatResponse | SnapshotChunk (first) | SnapshotChunkAck | SnapshotResponse (installed) | TimeoutNow | Forward (proposal) | ForwardResponse (unknown id) | any message from an older term | Propose | Read Linearizable | Read Lease | Read Local | Read Local (min_applied ahead) | ChangeMembership | TransferLeadership | Status | Tick | Persisted | SnapshotBuilt | SnapshotChunkLoaded | SnapshotChunkSaved | PeerConnected | PeerDisconnected |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+//! | follower | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `persist send:RequestVote become:Candidate` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | follower receiving snapshot | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `send:ChunkAck` | `-` | `-` |
+//! | pre-candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `-` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:PreVote` | `-` |
+//! | candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `send:Append persist become:Leader` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:RequestVote` | `-` |
+//! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
+//! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
+//! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | removed | `-` | `send:PreVoteRefused` | `-` | `send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//!
+//! Notes on the `-` cells (inputs that need no action, and why that is safe):
+//!
+//! * `RequestVote (newer term)` on a follower, learner, removed node or
+//!   leader: with check-quorum, a node that heard from a leader within the
+//!   election timeout ignores the request (its term does not change); the
+//!   candidate's election timer retries. Without a leader (pre-candidate,
+//!   candidate) the vote is decided normally.
+//! * Answers (`RequestVoteResponse`, `AppendResponse`, `HeartbeatResponse`,
+//!   `SnapshotChunkAck`, `SnapshotResponse`) reaching a node not waiting for
+//!   them (not campaigning, not leading, or no transfer to that peer): they
+//!   belong to a role the node has left; the node that is waiting resends.
+//! * `Append`/`Heartbeat`/`SnapshotChunk` of the current term reaching the
+//!   leader cannot happen (one leader per term) and are ignored.
+//! * `TimeoutNow` is acted on only by a follower of the sender that can
+//!   campaign: not while receiving a snapshot, not by a learner or removed
+//!   node; the leader's transfer then times out after an election timeout.
+//! * `ForwardResponse` with an id no longer pending: the request was already
+//!   answered (`Timeout`); the late answer has no one to go to.
+//! * Messages from an older term: appends, heartbeats and snapshot chunks
+//!   are answered with this node's term so a stale leader steps down; vote
+//!   requests are refused with it; answers and `TimeoutNow` of an older
+//!   term are dropped (their sender has moved on); `Forward` and
+//!   `ForwardResponse` are client traffic and handled whatever their term.
+//! * `Tick` only advances timers unless one fires. `Persisted` for a seq
+//!   already durable, `SnapshotChunkLoaded` for a transfer that has moved on
+//!   and `SnapshotChunkSaved` for a chunk not being saved are stale
+//!   completions. `PeerConnected` on a follower: a follower owes the peer
+//!   nothing (a leader or candidate re-sends what it needs).
+//!   `PeerDisconnected` moves the peer to probe on a leader, and is
+//!   informational elsewhere.
+//! * A follower receiving a snapshot does not campaign (its log is being
+//!   replaced); if no chunk arrives for four election timeouts it abandons
+//!   the transfer (and tells the leader `Rejected`).
+//! * Misrouted messages (another group or node) are ignored: the runtime
+//!   routes by (group, to).
+//! * Vote requests (pre-vote or not) from a node that is not a voter in the
+//!   configuration in force nor in the newest one in this node's log are
+//!   ignored and do not raise the term: a removed member that never learned
+//!   of its removal must not depose a healthy leader over and over (which
+//!   it would when pre-vote and check-quorum are off).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod client;
+mod election;
+mod follower;
 pub mod io;
+mod leader;
+pub mod log;
 pub mod membership;
 pub mod message;
 pub mod node;
 pub mod options;
+pub mod progress;
+pub mod quorum;
 pub mod request;
+pub mod testing;
 pub mod types;
 
+pub use client::PROMOTE_LAG_ENTRIES_MAX;
 pub use io::{Action, Input, PersistRequest};
 pub use membership::{Configuration, MembershipChange};
 pub use message::{AppendResult, Message, MessageBody, SnapshotOutcome};
@@ -28,4 +219,6 @@ pub use options::Options;
 pub use request::{
     ForwardedRequest, ReadConsistency, Request, RequestError, RequestId, Response, Role, Status,
 };
-pub use types::{Entry, EntryPayload, GroupId, HardState, Index, NodeId, RestoredState, SnapshotMeta, Term};
+pub use types::{
+    Entry, EntryPayload, GroupId, HardState, Index, NodeId, RestoredState, SnapshotMeta, Term,
+};

@@ -140,7 +140,9 @@ pub enum RequestError {
     },
     /// No leader became known before the request's deadline. The request had
     /// no effect; retry later.
-    #[error("no leader is known (an election may be under way); the request had no effect, retry later")]
+    #[error(
+        "no leader is known (an election may be under way); the request had no effect, retry later"
+    )]
     NoLeader,
     /// The request was passed to the leader but no answer came before the
     /// deadline: the outcome is unknown.

@@ -1,1 +1,49 @@
-//! ferry-server
+//! ferry-server: the etcd v3 API on top of ferry.
+//!
+//! - [`mvcc`]: the multi-version store with etcd's revision model.
+//! - [`kv_state`]: the replicated state machine (MVCC + leases), its
+//!   deterministic `apply` and its checksummed snapshots.
+//! - [`command`]: the commands that go through the Raft log, and their codec.
+//! - [`watch`]: the watch hub.
+//! - [`lease`]: lease deadlines on the leader's clock.
+//! - [`state`]: the state machine, watch hub and lease clock behind one lock.
+//! - [`backend`]: the trait the API is written against, and the in-process
+//!   single-node backend.
+//! - [`api`]: the etcd gRPC services.
+//! - [`peer`]: the TCP transport between nodes and the wire form of engine messages.
+//! - [`runtime`]: the node runtime: the driver task around the Raft engine,
+//!   the storage and the transport, and the [`backend::Backend`] it offers the API.
+
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod backend;
+pub mod command;
+pub mod error;
+pub mod kv_state;
+pub mod lease;
+pub mod mvcc;
+pub mod peer;
+pub mod runtime;
+pub mod state;
+pub mod watch;
+
+pub mod pb {
+    //! Messages and gRPC services generated from `proto/`.
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    /// etcd's `mvccpb` package: key-values and watch events.
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    /// etcd's `etcdserverpb` package: the v3 API.
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// ferry's replicated commands and snapshots.
+    pub mod ferrypb {
+        tonic::include_proto!("ferrypb");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,100 @@
-//! ferry-storage
+//! # ferry-storage: durable storage for many Raft groups on one node
+//!
+//! - [`Wal`]: one write-ahead log per node, shared by every group, with group
+//!   commit (one fdatasync covers every group and every record written since
+//!   the previous one, and the next batch fills while a sync is in flight).
+//!   See the [`wal`] module for the layout, the deletion of old segments, the
+//!   threading model and recovery.
+//! - [`SnapshotStore`]: snapshot files written in chunks to a temporary file,
+//!   synced, renamed and the directory synced; read in verified chunks.
+//! - [`Storage`]: both in one data directory, opened and reconciled together;
+//!   its [`RecoveryReport`] gives each group's [`ferry_raft::RestoredState`].
+//! - [`Disk`]: the filesystem as seen by the storage code, with the real one
+//!   ([`FsDisk`]) and a simulated one ([`SimDisk`]: lost unsynced writes, torn
+//!   writes, corrupted sectors, slow syncs, all deterministic from a seed).
+//! - [`codec`]: the binary format of the engine's types and of log records.
+//!
+//! ## Durability contract
+//!
+//! A [`ferry_raft::PersistRequest`] appended with [`Wal::append`] is durable
+//! once a sync prepared after it has completed; [`Wal::complete_sync`] returns
+//! the sequence numbers to report as `Input::Persisted`. A snapshot the
+//! local state machine built is durable when [`Storage::save_snapshot`]
+//! returns; a snapshot installed from a leader ([`Storage::install_snapshot`])
+//! after the next completed sync of the log. A group removal
+//! ([`Storage::remove_group`]) is durable when it returns.
+//!
+//! ## Using it from a runtime
+//!
+//! - Start: [`Storage::open`], then for each group in the report
+//!   [`GroupRecovery::restored_state`] gives the engine's
+//!   [`ferry_raft::RestoredState`]; restore the state machine from
+//!   [`SnapshotStore::read_all`] of the group's snapshot, if any.
+//! - `Action::Persist(req)`: [`Wal::append`]. When no sync is in flight and
+//!   something was appended: [`Wal::prepare_sync`], run
+//!   [`PendingSync::execute`] (a blocking thread in the server; inline in the
+//!   simulator), then [`Wal::complete_sync`] and feed each group
+//!   `Input::Persisted { seq }` from the map it returns. Appends continue
+//!   while the sync runs.
+//! - `Action::Compact { through }`: [`Wal::compact`].
+//! - Replication reads: [`Wal::entries`] and [`Wal::term`].
+//! - `Action::LoadSnapshotChunk`: [`SnapshotStore::read_chunk`] (`None` means
+//!   the snapshot is gone: answer `chunk: None`).
+//! - `Action::SaveSnapshotChunk`: [`Storage::begin_snapshot`] on offset 0,
+//!   [`SnapshotWriter::write`] per chunk, and on the last chunk
+//!   [`Storage::install_snapshot`] followed by a log sync before answering
+//!   `SnapshotChunkSaved { ok: true }`. A snapshot the local state machine
+//!   built goes through [`Storage::save_snapshot`] before
+//!   `Input::SnapshotBuilt`.
+//! - The simulator: one [`SimDisk`] per node. After [`PendingSync::execute`],
+//!   [`SimDisk::take_sync_ticks`] says how long the sync took: deliver
+//!   [`Wal::complete_sync`] that many ticks later (slow syncs). A node crash
+//!   is [`SimDisk::crash`] with a [`CrashMode`], then [`Storage::open`] again;
+//!   [`SimDisk::set_fault_budget`] crashes in the middle of a write;
+//!   [`SimDisk::corrupt_random_sector`] damages the disk, after which
+//!   [`Storage::open`] (or a read) fails with [`StorageError::Corrupt`] and
+//!   the node must take the way back below instead of serving data.
+//!
+//! ## When the disk lies: the way back
+//!
+//! Recovery cuts a torn tail (a record cut short, or failing its checksum,
+//! at the end of the last segment with no valid record after it) and reports
+//! the bytes cut.
+//! Any other damage, in the log or in a snapshot, is
+//! [`StorageError::Corrupt`] naming the file and the byte offset, and the
+//! node must not start on it. The way back: stop the node and move its data
+//! directory aside (keep it for diagnosis); have the healthy members remove
+//! the node from each of its groups (a membership change), then add it back
+//! as a new learner and promote it once it has caught up. It receives a
+//! snapshot and the log from the leaders. Do not simply restart it empty
+//! under the same identity: it would have forgotten its votes and could vote
+//! twice in one term. Repair one node at a time, so that every group keeps a
+//! healthy majority.
+//!
+//! One limit remains: damage to the very end of the log (the last records
+//! of the last segment, with nothing valid after them) looks exactly like a
+//! torn write and is cut, even if those records had been synced;
+//! [`WalRecovery::truncated_bytes`] makes it visible, and the server should
+//! log it loudly. Closing this gap needs redundancy at the tail (for example
+//! a second copy of the last batch's headers, as TigerBeetle keeps); we have
+//! not built that.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod codec;
+pub mod disk;
+pub mod error;
+pub mod sim_disk;
+pub mod snapshot;
+pub mod storage;
+pub mod wal;
+
+pub use cache::EntryCache;
+pub use disk::{unique_temp_dir, Disk, DiskFile, FsDisk, FsFile};
+pub use error::{DecodeError, Result, StorageError};
+pub use sim_disk::{CrashMode, SimDisk, SimDiskOptions, SimFile};
+pub use snapshot::{SnapshotStore, SnapshotWriter};
+pub use storage::{GroupRecovery, RecoveryReport, Storage};
+pub use wal::{PendingSync, RecoveredLog, Wal, WalOptions, WalRecovery};

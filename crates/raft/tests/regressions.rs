@@ -1,0 +1,248 @@
+//! Regression tests for engine bugs reported by the simulator
+//! (/work/briefs/bugs-for-engine.md).
+
+use ferry_raft::testing::Cluster;
+use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response};
+
+/// BUG-SIM-1: a Forward delivered twice must become one log entry, and the
+/// duplicate is answered with the first outcome.
+#[test]
+fn duplicated_forward_is_proposed_once() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    let r = c.propose(follower, "once");
+    let forward = c
+        .network
+        .iter()
+        .find(|m| matches!(m.body, MessageBody::Forward { .. }))
+        .cloned()
+        .unwrap();
+    c.network.push_back(forward.clone());
+    c.deliver_all();
+    c.network.push_back(forward);
+    c.deliver_all();
+    let Some(Ok(Response::Proposed { index, .. })) = c.response(follower, r).cloned() else {
+        panic!()
+    };
+    assert!(c.run_until(20, |c| c.all_applied(c.raft(leader).last_index())));
+    let copies = c
+        .node(leader)
+        .applied
+        .iter()
+        .filter(|b| b.as_ref() == b"once")
+        .count();
+    assert_eq!(copies, 1, "one request became {copies} entries");
+    assert_eq!(c.node(leader).applied[index as usize - 1].as_ref(), b"once");
+}
+
+/// BUG-SIM-2: a node removed while a request it forwarded is pending must
+/// not answer `Removed` (which means "no effect"): the leader's answer is
+/// relayed, or `Timeout` (unknown outcome) at the deadline.
+#[test]
+fn removed_node_does_not_fail_its_forwarded_requests_as_no_effect() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let victim = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    // Hold the leader's answers to the victim so its forward stays pending
+    // while it learns it was removed.
+    let change = c.request(
+        leader,
+        Request::ChangeMembership(MembershipChange::Remove(victim)),
+    );
+    assert!(matches!(c.response(leader, change), Some(Ok(_))));
+    let w = c.propose(victim, "maybe");
+    c.deliver_filtered(|m| {
+        !(m.to == victim && matches!(m.body, MessageBody::ForwardResponse { .. }))
+    });
+    assert!(c.run_until(30, |c| c.raft(victim).is_removed()) || c.raft(victim).is_removed());
+    match c.response(victim, w) {
+        None | Some(Err(RequestError::Timeout)) | Some(Ok(Response::Proposed { .. })) => {}
+        Some(other) => panic!("forwarded request answered as if it had no effect: {other:?}"),
+    }
+    // A request that never left the removed node does fail with Removed.
+    let later = c.propose(victim, "late");
+    assert_eq!(c.response(victim, later), Some(&Err(RequestError::Removed)));
+    assert!(c.run_until(60, |c| c.response(victim, w).is_some()));
+    assert_eq!(c.response(victim, w), Some(&Err(RequestError::Timeout)));
+}
+
+/// Found by the simulator (seeds 604, 2163, 3422: "acknowledged index 55 to
+/// the leader of term 13 but has synced only up to 54"): an append answer
+/// held for a sync must not be released after the node moved to a newer
+/// term and truncated the entries it would acknowledge.
+#[test]
+fn held_append_answer_of_an_older_term_is_not_released() {
+    use bytes::Bytes;
+    use ferry_raft::testing::test_options;
+    use ferry_raft::{
+        Action, AppendResult, Entry, EntryPayload, HardState, Input, Message, RaftNode,
+        RestoredState,
+    };
+    let entry = |index, term| Entry {
+        index,
+        term,
+        payload: EntryPayload::Command(Bytes::from_static(b"e")),
+    };
+    let restored = RestoredState {
+        hard_state: HardState {
+            term: 1,
+            vote: None,
+            commit: 2,
+        },
+        entries: vec![entry(1, 1), entry(2, 1)],
+        applied: 2,
+        ..RestoredState::bootstrap([1, 2, 3])
+    };
+    let mut node = RaftNode::new(test_options(1), restored, 5).unwrap();
+    let mut actions = Vec::new();
+    let append = |from, term, entries| {
+        Input::Message(Message {
+            group: 1,
+            from,
+            to: 1,
+            term,
+            body: MessageBody::Append {
+                prev_log_index: 2,
+                prev_log_term: 1,
+                entries,
+                leader_commit: 2,
+            },
+        })
+    };
+    // The leader of term 2 sends 3..5; the answer waits for the sync.
+    node.step(
+        append(2, 2, vec![entry(3, 2), entry(4, 2), entry(5, 2)]),
+        &mut actions,
+    );
+    // Before that sync completes, the leader of term 3 overwrites from 3.
+    node.step(append(3, 3, vec![entry(3, 3)]), &mut actions);
+    let last_seq = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Persist(p) => Some(p.seq),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    actions.clear();
+    node.step(Input::Persisted { seq: last_seq }, &mut actions);
+    let acks: Vec<(u64, u64, u64)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send(Message {
+                to,
+                term,
+                body: MessageBody::AppendResponse(AppendResult::Success { match_index }),
+                ..
+            }) => Some((*to, *term, *match_index)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        acks,
+        vec![(3, 3, 3)],
+        "only the current term's answer may go out"
+    );
+}
+
+/// Found by the simulator (seed 1524): a duplicated `Forward` reached the
+/// old leader after it stepped down and was refused with `NotLeader`; that
+/// refusal arrived before the answer to the original, and the follower
+/// re-sent the request to the next leader: one request, two entries. A
+/// `NotLeader` refusal of a forwarded write does not prove "no effect".
+#[test]
+fn not_leader_refusal_of_a_duplicate_forward_does_not_resend_the_write() {
+    use ferry_raft::{Input, Message};
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    let r = c.propose(follower, "dup");
+    let take = |c: &mut Cluster, pred: &dyn Fn(&Message) -> bool| -> Message {
+        let i = c.network.iter().position(pred).expect("message in flight");
+        c.network.remove(i).unwrap()
+    };
+    let forward = take(&mut c, &|m| matches!(m.body, MessageBody::Forward { .. }));
+    // The original reaches the leader and is executed; its answer is delayed.
+    c.step(leader, Input::Message(forward.clone()));
+    let answer = take(&mut c, &|m| {
+        matches!(m.body, MessageBody::ForwardResponse { .. })
+    });
+    // The leader learns of a newer term and steps down.
+    let mut bump = answer.clone();
+    bump.from = follower;
+    bump.to = leader;
+    bump.term += 1;
+    bump.body = MessageBody::HeartbeatResponse { read_seq: 0 };
+    c.step(leader, Input::Message(bump));
+    // The network's copy of the Forward arrives now and is refused...
+    c.step(leader, Input::Message(forward));
+    let refusal = take(&mut c, &|m| {
+        matches!(m.body, MessageBody::ForwardResponse { result: Err(_), .. })
+    });
+    // ...and the refusal overtakes the original answer.
+    c.step(follower, Input::Message(refusal));
+    c.step(follower, Input::Message(answer));
+    assert!(
+        matches!(c.response(follower, r), Some(Ok(Response::Proposed { .. }))),
+        "{:?}",
+        c.response(follower, r)
+    );
+    assert!(c.run_until(300, |c| c
+        .leader()
+        .is_some_and(|l| c.all_applied(c.raft(l).commit_index()))));
+    for _ in 0..30 {
+        c.tick_all();
+    }
+    let copies = c
+        .node(follower)
+        .applied
+        .iter()
+        .filter(|b| b.as_ref() == b"dup")
+        .count();
+    assert!(copies <= 1, "one request became {copies} entries");
+}
+
+/// Found by the simulator (seed 13566, pre-vote and check-quorum off): a
+/// voter removed while it was cut off never learns of its removal and
+/// campaigns forever with ever higher terms, deposing every new leader.
+/// Vote requests from nodes outside the known configuration are ignored.
+#[test]
+fn removed_node_that_never_learned_it_cannot_disrupt_the_group() {
+    let mut c = Cluster::with_options(&[1, 2, 3], |id| {
+        let mut o = ferry_raft::testing::test_options(id);
+        o.pre_vote = false;
+        o.check_quorum = false;
+        o
+    });
+    let leader = c.elect();
+    let victim = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    c.isolate(victim);
+    let r = c.request(
+        leader,
+        Request::ChangeMembership(MembershipChange::Remove(victim)),
+    );
+    assert!(matches!(c.response(leader, r), Some(Ok(_))));
+    // Long enough for the removal to commit and the leader to stop
+    // replicating to the victim; meanwhile the victim campaigns alone.
+    for _ in 0..200 {
+        c.tick_all();
+    }
+    assert!(!c.raft(leader).config().contains(victim));
+    assert!(
+        !c.raft(victim).is_removed(),
+        "the victim never heard of its removal"
+    );
+    assert!(c.raft(victim).term() > c.raft(leader).term() + 5);
+    let term = c.raft(leader).term();
+    c.heal();
+    for _ in 0..200 {
+        c.tick_all();
+    }
+    assert_eq!(
+        c.leader(),
+        Some(leader),
+        "the removed node deposed the leader"
+    );
+    assert_eq!(c.raft(leader).term(), term);
+}

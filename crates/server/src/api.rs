@@ -1,0 +1,880 @@
+//! The etcd v3 gRPC services, written against [`Backend`].
+//!
+//! Writes become commands proposed through the backend; linearizable reads
+//! wait for the backend's read barrier and then read the local state;
+//! serializable reads read the local state at once. Watches run one task per
+//! client stream that drains the watch hub; leases renew on the leader's
+//! clock. Calls ferry does not offer answer `Unimplemented` with a message
+//! that says so.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::backend::Backend;
+use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
+use crate::error::{ApiError, KvError};
+use crate::kv_state::CommandResponse;
+use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::auth_server::{Auth, AuthServer};
+use crate::pb::etcdserverpb::cluster_server::{Cluster, ClusterServer};
+use crate::pb::etcdserverpb::kv_server::{Kv, KvServer};
+use crate::pb::etcdserverpb::lease_server::{Lease, LeaseServer};
+use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
+use crate::pb::etcdserverpb::watch_request::RequestUnion;
+use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
+use crate::pb::ferrypb::Command;
+use crate::watch::StreamId;
+
+/// The etcd version ferry reports in Status: the API level it implements.
+pub const REPORTED_ETCD_VERSION: &str = "3.5.0";
+
+/// Extra room gRPC messages get above the request size limit, so that an
+/// oversized request reaches our check and gets etcd's error instead of a
+/// transport error (etcd allows the same 512 KiB).
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// Control responses a watch stream may hold before its task stops reading
+/// requests and sends them.
+const WATCH_OUTBOX_FLUSH_AT: usize = 64;
+
+/// Settings of the API layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiOptions {
+    /// Period of progress notifications for watchers that asked for them
+    /// (etcd: 10 minutes).
+    pub progress_notify_interval: Duration,
+    /// Responses buffered per watch or keep-alive stream before the stream
+    /// task waits for the client.
+    pub stream_buffer_responses_max: usize,
+    /// Largest gRPC message accepted, in bytes; raised automatically to the
+    /// state machine's request limit plus [`GRPC_OVERHEAD_BYTES`].
+    pub grpc_message_size_bytes_max: usize,
+}
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        ApiOptions {
+            progress_notify_interval: Duration::from_secs(600),
+            stream_buffer_responses_max: 128,
+            grpc_message_size_bytes_max: 1536 * 1024 + GRPC_OVERHEAD_BYTES,
+        }
+    }
+}
+
+/// The etcd API over one backend; cheap to clone.
+#[derive(Debug)]
+pub struct EtcdApi<B> {
+    backend: Arc<B>,
+    options: ApiOptions,
+    /// Turns true when the server stops, so that long-lived streams (watch,
+    /// keep-alive) end and a graceful shutdown does not wait on them.
+    stopping: tokio::sync::watch::Sender<bool>,
+}
+
+impl<B> Clone for EtcdApi<B> {
+    fn clone(&self) -> Self {
+        EtcdApi {
+            backend: self.backend.clone(),
+            options: self.options.clone(),
+            stopping: self.stopping.clone(),
+        }
+    }
+}
+
+impl<B: Backend> EtcdApi<B> {
+    /// The API over `backend`.
+    pub fn new(backend: Arc<B>, options: ApiOptions) -> EtcdApi<B> {
+        EtcdApi {
+            backend,
+            options,
+            stopping: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Ends every open watch and keep-alive stream (their clients see the
+    /// stream close and reconnect elsewhere). `serve` calls it on shutdown.
+    pub fn stop_streams(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once [`EtcdApi::stop_streams`] was called.
+    async fn stopped(&self) {
+        let mut stopping = self.stopping.subscribe();
+        // An error means the sender is gone, which also means stop.
+        let _ = stopping.wait_for(|stop| *stop).await;
+    }
+
+    /// All services (KV, Watch, Lease, Cluster, Maintenance, and Auth
+    /// answering Unimplemented), ready for a tonic server.
+    pub fn routes(&self) -> tonic::service::Routes {
+        // Room for the largest request the state machine accepts plus
+        // framing, so an oversized request gets etcd's error from our check.
+        let request_size_max = self
+            .backend
+            .state()
+            .lock()
+            .kv()
+            .limits()
+            .request_size_bytes_max;
+        let size_max = self
+            .options
+            .grpc_message_size_bytes_max
+            .max(request_size_max.saturating_add(GRPC_OVERHEAD_BYTES));
+        tonic::service::Routes::new(KvServer::new(self.clone()).max_decoding_message_size(size_max))
+            .add_service(WatchServer::new(self.clone()).max_decoding_message_size(size_max))
+            .add_service(LeaseServer::new(self.clone()).max_decoding_message_size(size_max))
+            .add_service(ClusterServer::new(self.clone()).max_decoding_message_size(size_max))
+            .add_service(MaintenanceServer::new(self.clone()).max_decoding_message_size(size_max))
+            .add_service(AuthServer::new(self.clone()))
+    }
+
+    /// Serves the API on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let routes = self.routes();
+        let api = self.clone();
+        let shutdown = async move {
+            shutdown.await;
+            api.stop_streams();
+        };
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+            .await
+    }
+
+    fn header(&self, revision: i64) -> pb::ResponseHeader {
+        let status = self.backend.status();
+        pb::ResponseHeader {
+            cluster_id: status.cluster_id,
+            member_id: status.member_id,
+            revision,
+            raft_term: status.raft_term,
+        }
+    }
+
+    fn fill(&self, header: &mut Option<pb::ResponseHeader>) {
+        let revision = header.as_ref().map_or(0, |h| h.revision);
+        *header = Some(self.header(revision));
+    }
+
+    fn current_revision(&self) -> i64 {
+        self.backend.state().lock().kv().store().revision()
+    }
+
+    async fn propose(&self, command: Command) -> Result<CommandResponse, Status> {
+        // Refuse what can be refused before it costs a log entry.
+        self.backend
+            .state()
+            .lock()
+            .kv()
+            .validate(&command)
+            .map_err(ApiError::from)?;
+        Ok(self.backend.propose(command).await?)
+    }
+}
+
+fn unexpected(response: CommandResponse) -> Status {
+    ApiError::Internal(format!("state machine answered with {response:?}")).into()
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Kv for EtcdApi<B> {
+    async fn range(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<Response<pb::RangeResponse>, Status> {
+        let request = request.into_inner();
+        if request.key.is_empty() {
+            return Err(ApiError::from(KvError::EmptyKey).into());
+        }
+        if !request.serializable {
+            self.backend.read_index().await?;
+        }
+        let mut response = self
+            .backend
+            .state()
+            .lock()
+            .kv()
+            .range(&request)
+            .map_err(ApiError::from)?;
+        self.fill(&mut response.header);
+        Ok(Response::new(response))
+    }
+
+    async fn put(
+        &self,
+        request: Request<pb::PutRequest>,
+    ) -> Result<Response<pb::PutResponse>, Status> {
+        match self
+            .propose(command(CommandKind::Put(request.into_inner())))
+            .await?
+        {
+            CommandResponse::Put(mut response) => {
+                self.fill(&mut response.header);
+                Ok(Response::new(response))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<pb::DeleteRangeRequest>,
+    ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        match self
+            .propose(command(CommandKind::DeleteRange(request.into_inner())))
+            .await?
+        {
+            CommandResponse::DeleteRange(mut response) => {
+                self.fill(&mut response.header);
+                Ok(Response::new(response))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn txn(
+        &self,
+        request: Request<pb::TxnRequest>,
+    ) -> Result<Response<pb::TxnResponse>, Status> {
+        match self
+            .propose(command(CommandKind::Txn(request.into_inner())))
+            .await?
+        {
+            CommandResponse::Txn(mut response) => {
+                let header = self.header(response.header.as_ref().map_or(0, |h| h.revision));
+                response.header = Some(header);
+                // Nested responses carry the same header; no recursion.
+                let mut stack: Vec<&mut pb::ResponseOp> = response.responses.iter_mut().collect();
+                while let Some(op) = stack.pop() {
+                    use pb::response_op::Response as R;
+                    match &mut op.response {
+                        None => {}
+                        Some(R::ResponseRange(r)) => r.header = Some(header),
+                        Some(R::ResponsePut(r)) => r.header = Some(header),
+                        Some(R::ResponseDeleteRange(r)) => r.header = Some(header),
+                        Some(R::ResponseTxn(r)) => {
+                            r.header = Some(header);
+                            stack.extend(r.responses.iter_mut());
+                        }
+                    }
+                }
+                Ok(Response::new(response))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<pb::CompactionRequest>,
+    ) -> Result<Response<pb::CompactionResponse>, Status> {
+        match self
+            .propose(command(CommandKind::Compact(request.into_inner())))
+            .await?
+        {
+            CommandResponse::Compact(mut response) => {
+                self.fill(&mut response.header);
+                Ok(Response::new(response))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// Closes a watch stream in the hub when its task ends, however it ends.
+struct StreamGuard<B: Backend> {
+    backend: Arc<B>,
+    stream_id: StreamId,
+}
+
+impl<B: Backend> Drop for StreamGuard<B> {
+    fn drop(&mut self) {
+        self.backend
+            .state()
+            .lock()
+            .watches
+            .close_stream(self.stream_id);
+    }
+}
+
+impl<B: Backend> EtcdApi<B> {
+    /// Sends everything the hub has for the stream; `false` when the client
+    /// is gone.
+    async fn flush_watch(
+        &self,
+        stream_id: StreamId,
+        outgoing: &mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    ) -> bool {
+        loop {
+            let (responses, behind) = { self.backend.state().lock().watch_drain(stream_id) };
+            for mut response in responses {
+                self.fill(&mut response.header);
+                if outgoing.send(Ok(response)).await.is_err() {
+                    return false;
+                }
+            }
+            if !behind {
+                return true;
+            }
+        }
+    }
+
+    async fn run_watch_stream(
+        self,
+        stream_id: StreamId,
+        wake: Arc<tokio::sync::Notify>,
+        mut incoming: Streaming<pb::WatchRequest>,
+        outgoing: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    ) {
+        let _guard = StreamGuard {
+            backend: self.backend.clone(),
+            stream_id,
+        };
+        let mut progress = tokio::time::interval(self.options.progress_notify_interval);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        progress.tick().await;
+        loop {
+            tokio::select! {
+                message = incoming.message() => {
+                    let request = match message {
+                        Ok(Some(request)) => request,
+                        Ok(None) => return,
+                        Err(status) => {
+                            tracing::debug!(%status, "watch stream closed by an error");
+                            return;
+                        }
+                    };
+                    let backlog = {
+                        let mut machine = self.backend.state().lock();
+                        match request.request_union {
+                            Some(RequestUnion::CreateRequest(create)) => {
+                                machine.watch_create(stream_id, &create);
+                            }
+                            Some(RequestUnion::CancelRequest(cancel)) => {
+                                machine.watch_cancel(stream_id, cancel.watch_id);
+                            }
+                            Some(RequestUnion::ProgressRequest(_)) => {
+                                machine.watches.request_progress(stream_id);
+                            }
+                            // An empty request asks for nothing.
+                            None => {}
+                        }
+                        machine.watches.outbox_len(stream_id)
+                    };
+                    // Answer before reading more, so that a client that only
+                    // sends cannot grow the outbox without bound.
+                    if backlog >= WATCH_OUTBOX_FLUSH_AT && !self.flush_watch(stream_id, &outgoing).await {
+                        return;
+                    }
+                }
+                _ = wake.notified() => {
+                    if !self.flush_watch(stream_id, &outgoing).await {
+                        return;
+                    }
+                }
+                _ = progress.tick() => {
+                    self.backend.state().lock().watch_progress_tick(stream_id);
+                }
+                _ = outgoing.closed() => return,
+                _ = self.stopped() => return,
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Watch for EtcdApi<B> {
+    type WatchStream = ReceiverStream<Result<pb::WatchResponse, Status>>;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let opened = self.backend.state().lock().watches.open_stream();
+        let Some((stream_id, wake)) = opened else {
+            return Err(Status::resource_exhausted(
+                "ferry: too many watch streams on this node; retry later or use another member",
+            ));
+        };
+        let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
+        tokio::spawn(self.clone().run_watch_stream(
+            stream_id,
+            wake,
+            request.into_inner(),
+            outgoing,
+        ));
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Lease for EtcdApi<B> {
+    async fn lease_grant(
+        &self,
+        request: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let request = request.into_inner();
+        let grant = LeaseGrantCommand {
+            id: request.id,
+            ttl_seconds: request.ttl,
+        };
+        match self
+            .propose(command(CommandKind::LeaseGrant(grant)))
+            .await?
+        {
+            CommandResponse::LeaseGrant(mut response) => {
+                self.fill(&mut response.header);
+                Ok(Response::new(response))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let revoke = LeaseRevokeCommand {
+            id: request.into_inner().id,
+        };
+        match self
+            .propose(command(CommandKind::LeaseRevoke(revoke)))
+            .await?
+        {
+            CommandResponse::LeaseRevoke(mut response) => {
+                self.fill(&mut response.header);
+                Ok(Response::new(response))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    type LeaseKeepAliveStream = ReceiverStream<Result<pb::LeaseKeepAliveResponse, Status>>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
+        let api = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    message = incoming.message() => message,
+                    _ = api.stopped() => return,
+                };
+                let request = match message {
+                    Ok(Some(request)) => request,
+                    Ok(None) | Err(_) => return,
+                };
+                let answer = match api.backend.lease_keep_alive(request.id).await {
+                    // etcd answers an unknown lease with TTL 0, not an error.
+                    Ok(ttl) => Ok(pb::LeaseKeepAliveResponse {
+                        header: Some(api.header(api.current_revision())),
+                        id: request.id,
+                        ttl: ttl.unwrap_or(0),
+                    }),
+                    Err(error) => Err(Status::from(error)),
+                };
+                let failed = answer.is_err();
+                if outgoing.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let request = request.into_inner();
+        let remaining = self.backend.lease_time_to_live(request.id).await?;
+        let (granted, keys, revision) = {
+            let machine = self.backend.state().lock();
+            let record = machine.kv().leases().get(&request.id);
+            (
+                record.map(|r| r.granted_ttl_seconds),
+                match (record, request.keys) {
+                    (Some(record), true) => record.keys.iter().cloned().collect(),
+                    _ => Vec::new(),
+                },
+                machine.kv().store().revision(),
+            )
+        };
+        let response = match (remaining, granted) {
+            (Some(ttl), Some(granted_ttl)) => pb::LeaseTimeToLiveResponse {
+                header: Some(self.header(revision)),
+                id: request.id,
+                ttl,
+                granted_ttl,
+                keys,
+            },
+            // etcd reports an unknown or expired lease as TTL -1.
+            _ => pb::LeaseTimeToLiveResponse {
+                header: Some(self.header(revision)),
+                id: request.id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn lease_leases(
+        &self,
+        _request: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        self.backend.read_index().await?;
+        let (leases, revision) = {
+            let machine = self.backend.state().lock();
+            (
+                machine
+                    .kv()
+                    .leases()
+                    .keys()
+                    .map(|id| pb::LeaseStatus { id: *id })
+                    .collect(),
+                machine.kv().store().revision(),
+            )
+        };
+        Ok(Response::new(pb::LeaseLeasesResponse {
+            header: Some(self.header(revision)),
+            leases,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Cluster for EtcdApi<B> {
+    async fn member_add(
+        &self,
+        request: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        let request = request.into_inner();
+        let (member, members) = self
+            .backend
+            .member_add(request.peer_ur_ls, request.is_learner)
+            .await?;
+        Ok(Response::new(pb::MemberAddResponse {
+            header: Some(self.header(self.current_revision())),
+            member: Some(member),
+            members,
+        }))
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<pb::MemberRemoveRequest>,
+    ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        let members = self.backend.member_remove(request.into_inner().id).await?;
+        Ok(Response::new(pb::MemberRemoveResponse {
+            header: Some(self.header(self.current_revision())),
+            members,
+        }))
+    }
+
+    async fn member_update(
+        &self,
+        _request: Request<pb::MemberUpdateRequest>,
+    ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        Err(ApiError::Unimplemented("MemberUpdate (changing a member's peer URLs)").into())
+    }
+
+    async fn member_list(
+        &self,
+        _request: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
+        let members = self.backend.member_list().await?;
+        Ok(Response::new(pb::MemberListResponse {
+            header: Some(self.header(self.current_revision())),
+            members,
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<pb::MemberPromoteRequest>,
+    ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        let members = self.backend.member_promote(request.into_inner().id).await?;
+        Ok(Response::new(pb::MemberPromoteResponse {
+            header: Some(self.header(self.current_revision())),
+            members,
+        }))
+    }
+}
+
+/// Stream type for the unimplemented Snapshot call.
+pub type SnapshotStream = ReceiverStream<Result<pb::SnapshotResponse, Status>>;
+
+#[tonic::async_trait]
+impl<B: Backend> Maintenance for EtcdApi<B> {
+    async fn alarm(
+        &self,
+        request: Request<pb::AlarmRequest>,
+    ) -> Result<Response<pb::AlarmResponse>, Status> {
+        use pb::alarm_request::AlarmAction;
+        match AlarmAction::try_from(request.into_inner().action) {
+            // ferry raises no alarms, so the list is always empty.
+            Ok(AlarmAction::Get) => Ok(Response::new(pb::AlarmResponse {
+                header: Some(self.header(self.current_revision())),
+                alarms: Vec::new(),
+            })),
+            Ok(AlarmAction::Activate) | Ok(AlarmAction::Deactivate) | Err(_) => {
+                Err(ApiError::Unimplemented("raising or clearing alarms").into())
+            }
+        }
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let status = self.backend.status();
+        let (revision, db_size) = {
+            let machine = self.backend.state().lock();
+            let store = machine.kv().store();
+            (
+                store.revision(),
+                i64::try_from(store.size_bytes()).unwrap_or(i64::MAX),
+            )
+        };
+        Ok(Response::new(pb::StatusResponse {
+            header: Some(pb::ResponseHeader {
+                cluster_id: status.cluster_id,
+                member_id: status.member_id,
+                revision,
+                raft_term: status.raft_term,
+            }),
+            version: REPORTED_ETCD_VERSION.to_string(),
+            db_size,
+            leader: status.leader_id,
+            raft_index: status.raft_index,
+            raft_term: status.raft_term,
+            raft_applied_index: status.raft_applied_index,
+            errors: status.errors,
+            db_size_in_use: db_size,
+            is_learner: status.is_learner,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        Err(ApiError::Unimplemented("Defragment (ferry's store needs no defragmentation)").into())
+    }
+
+    async fn hash(
+        &self,
+        _request: Request<pb::HashRequest>,
+    ) -> Result<Response<pb::HashResponse>, Status> {
+        Err(ApiError::Unimplemented("Hash").into())
+    }
+
+    async fn hash_kv(
+        &self,
+        request: Request<pb::HashKvRequest>,
+    ) -> Result<Response<pb::HashKvResponse>, Status> {
+        let requested = request.into_inner().revision;
+        let (hash, compact_revision, current) = {
+            let machine = self.backend.state().lock();
+            let store = machine.kv().store();
+            (
+                store.hash_kv(requested).map_err(ApiError::from)?,
+                store.compacted_revision(),
+                store.revision(),
+            )
+        };
+        Ok(Response::new(pb::HashKvResponse {
+            header: Some(self.header(current)),
+            hash,
+            compact_revision,
+            hash_revision: if requested > 0 { requested } else { current },
+        }))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(
+        &self,
+        _request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(ApiError::Unimplemented("Snapshot (etcd's bbolt backup format)").into())
+    }
+
+    async fn move_leader(
+        &self,
+        _request: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        Err(ApiError::Unimplemented("MoveLeader").into())
+    }
+
+    async fn downgrade(
+        &self,
+        _request: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(ApiError::Unimplemented("Downgrade").into())
+    }
+}
+
+/// ferry has no users, roles or tokens; every Auth call says so.
+fn auth_unsupported(method: &str) -> Status {
+    Status::unimplemented(format!(
+        "ferry: authentication is not supported (Auth/{method}); ferry serves every client without credentials"
+    ))
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Auth for EtcdApi<B> {
+    async fn auth_enable(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("AuthEnable"))
+    }
+
+    async fn auth_disable(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("AuthDisable"))
+    }
+
+    async fn auth_status(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("AuthStatus"))
+    }
+
+    async fn authenticate(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("Authenticate"))
+    }
+
+    async fn user_add(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserAdd"))
+    }
+
+    async fn user_get(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserGet"))
+    }
+
+    async fn user_list(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserList"))
+    }
+
+    async fn user_delete(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserDelete"))
+    }
+
+    async fn user_change_password(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserChangePassword"))
+    }
+
+    async fn user_grant_role(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserGrantRole"))
+    }
+
+    async fn user_revoke_role(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("UserRevokeRole"))
+    }
+
+    async fn role_add(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("RoleAdd"))
+    }
+
+    async fn role_get(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("RoleGet"))
+    }
+
+    async fn role_list(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("RoleList"))
+    }
+
+    async fn role_delete(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("RoleDelete"))
+    }
+
+    async fn role_grant_permission(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("RoleGrantPermission"))
+    }
+
+    async fn role_revoke_permission(
+        &self,
+        _request: Request<pb::AuthUnsupportedRequest>,
+    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
+        Err(auth_unsupported("RoleRevokePermission"))
+    }
+}
+
+/// Binds `address` and serves `api` on it in a background task; returns the
+/// bound address (useful with port 0) and the task.
+pub async fn spawn_server<B: Backend>(
+    api: EtcdApi<B>,
+    address: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(
+    SocketAddr,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+)> {
+    let listener = TcpListener::bind(address).await?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(api.serve(listener, shutdown));
+    Ok((local, task))
+}

@@ -1,0 +1,186 @@
+//! Errors of the key-value state machine and of the API, with etcd's exact
+//! messages: etcd client libraries recognise errors by their text, so these
+//! strings are part of the wire contract.
+
+use thiserror::Error;
+
+/// A request the key-value state machine refuses. Deterministic: every
+/// replica refuses the same command with the same error.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum KvError {
+    /// A key-addressed request had an empty key.
+    #[error("etcdserver: key is not provided")]
+    EmptyKey,
+    /// The requested revision was removed by compaction.
+    #[error("etcdserver: mvcc: required revision has been compacted")]
+    Compacted {
+        /// The store's compacted revision, which clients may resume from.
+        compacted_revision: i64,
+    },
+    /// The requested revision has not happened yet.
+    #[error("etcdserver: mvcc: required revision is a future revision")]
+    FutureRevision,
+    /// The lease named in the request does not exist.
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound,
+    /// A grant asked for an id that is already in use.
+    #[error("etcdserver: lease already exists")]
+    LeaseExists,
+    /// A grant asked for a TTL above the maximum.
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    /// The encoded request is larger than the configured limit.
+    #[error("etcdserver: request is too large")]
+    RequestTooLarge,
+    /// A txn has more compares or ops on one level than allowed.
+    #[error("etcdserver: too many operations in txn request")]
+    TooManyTxnOps,
+    /// A txn writes one key twice, or deletes a key it also puts.
+    #[error("etcdserver: duplicate key given in txn request")]
+    DuplicateKey,
+    /// Txns are nested deeper than ferry allows.
+    #[error("etcdserver: txn nested deeper than {depth_max} levels")]
+    TxnTooDeep {
+        /// The configured nesting limit.
+        depth_max: usize,
+    },
+    /// `ignore_value` or `ignore_lease` was set for a key that does not exist.
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
+    /// `ignore_value` was set together with a value.
+    #[error("etcdserver: value is provided")]
+    ValueProvided,
+    /// `ignore_lease` was set together with a lease.
+    #[error("etcdserver: lease is provided")]
+    LeaseProvided,
+    /// A command could not be decoded from the log.
+    #[error("ferry: cannot decode state machine command: {0}")]
+    Decode(#[from] CodecError),
+    /// The command's log index was already applied (a replay after restart).
+    #[error("ferry: log index {index} is not after the applied index {applied_index}")]
+    AlreadyApplied {
+        /// The index of the command.
+        index: u64,
+        /// The index the state machine had already applied.
+        applied_index: u64,
+    },
+}
+
+/// Malformed bytes given to the command or snapshot codec.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CodecError {
+    /// The input is empty.
+    #[error("empty input")]
+    Empty,
+    /// The format byte names a format this build does not know.
+    #[error("unknown format version {found} (this build reads version {supported})")]
+    UnknownVersion {
+        /// The version byte found.
+        found: u8,
+        /// The version this build understands.
+        supported: u8,
+    },
+    /// The protobuf body does not parse.
+    #[error("malformed body: {0}")]
+    Malformed(String),
+    /// The command has no kind set.
+    #[error("command carries no operation")]
+    MissingKind,
+    /// The snapshot does not start with ferry's snapshot magic.
+    #[error("not a ferry key-value snapshot (bad magic)")]
+    BadMagic,
+    /// The snapshot is shorter than its fixed header and trailer.
+    #[error("snapshot truncated: {size_bytes} bytes")]
+    Truncated {
+        /// The size found.
+        size_bytes: usize,
+    },
+    /// The snapshot's checksum does not match its contents.
+    #[error("snapshot checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    ChecksumMismatch {
+        /// The checksum in the trailer.
+        stored: u32,
+        /// The checksum of the bytes read.
+        computed: u32,
+    },
+    /// The snapshot decodes but its contents contradict each other.
+    #[error("snapshot is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+/// Why an API call failed, beyond the state machine's own refusals.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ApiError {
+    /// The state machine refused the request.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// No leader is known, so the request cannot be ordered.
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    /// The request was not committed in time; it may still be applied.
+    #[error("etcdserver: request timed out")]
+    Timeout,
+    /// The node is shutting down.
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// The member id is not part of the cluster.
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    /// The peer URL is already used by a member.
+    #[error("etcdserver: Peer URLs already exists")]
+    PeerUrlExists,
+    /// Promote was asked for a member that is already a voter.
+    #[error("etcdserver: can only promote a learner member")]
+    MemberNotLearner,
+    /// Promote was asked for a learner that has not caught up.
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    /// The membership change would leave the cluster without a quorum.
+    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    NotEnoughMembers,
+    /// ferry does not offer this call.
+    #[error("ferry: {0} is not supported")]
+    Unimplemented(&'static str),
+    /// The node hit an internal failure; the text says which.
+    #[error("ferry: internal error: {0}")]
+    Internal(String),
+}
+
+impl From<CodecError> for ApiError {
+    fn from(error: CodecError) -> Self {
+        ApiError::Kv(KvError::Decode(error))
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(error: ApiError) -> Self {
+        use tonic::Code;
+        let code = match &error {
+            ApiError::Kv(kv) => match kv {
+                KvError::EmptyKey
+                | KvError::RequestTooLarge
+                | KvError::TooManyTxnOps
+                | KvError::DuplicateKey
+                | KvError::TxnTooDeep { .. }
+                | KvError::KeyNotFound
+                | KvError::ValueProvided
+                | KvError::LeaseProvided => Code::InvalidArgument,
+                KvError::Compacted { .. } | KvError::FutureRevision | KvError::LeaseTtlTooLarge => {
+                    Code::OutOfRange
+                }
+                KvError::LeaseNotFound => Code::NotFound,
+                KvError::LeaseExists => Code::FailedPrecondition,
+                KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
+            },
+            ApiError::NoLeader | ApiError::Timeout | ApiError::Stopped => Code::Unavailable,
+            ApiError::MemberNotFound => Code::NotFound,
+            ApiError::PeerUrlExists => Code::FailedPrecondition,
+            ApiError::MemberNotLearner | ApiError::LearnerNotReady | ApiError::NotEnoughMembers => {
+                Code::FailedPrecondition
+            }
+            ApiError::Unimplemented(_) => Code::Unimplemented,
+            ApiError::Internal(_) => Code::Internal,
+        };
+        tonic::Status::new(code, error.to_string())
+    }
+}

@@ -1,0 +1,85 @@
+//! What a node needs to know to run.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ferry_raft::NodeId;
+
+use crate::api::ApiOptions;
+use crate::kv_state::KvLimits;
+use crate::watch::WatchLimits;
+
+/// Where a member can be reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberAddrs {
+    /// The member's name, for people.
+    pub name: String,
+    /// Its peer address, "host:port".
+    pub peer_addr: String,
+    /// Its client URL, "http://host:port".
+    pub client_url: String,
+}
+
+/// The settings of one node.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id (nonzero, unique in the cluster).
+    pub node_id: NodeId,
+    /// The cluster id; peers of other clusters are refused.
+    pub cluster_id: u64,
+    /// Where the log and snapshots live.
+    pub data_dir: PathBuf,
+    /// Where to serve the etcd API.
+    pub client_listen: SocketAddr,
+    /// Where to accept peer connections.
+    pub peer_listen: SocketAddr,
+    /// The founding members, this node included.
+    pub members: BTreeMap<NodeId, MemberAddrs>,
+    /// The length of one engine tick.
+    pub tick_interval: Duration,
+    /// The least election timeout, in ticks.
+    pub election_timeout_ticks: u32,
+    /// How often the leader sends heartbeats, in ticks.
+    pub heartbeat_interval_ticks: u32,
+    /// Take a snapshot of the state machine after this many applied entries.
+    pub snapshot_interval_entries: u64,
+    /// How long an API call waits for its answer.
+    pub request_timeout: Duration,
+    /// Limits of the key-value state machine.
+    pub kv_limits: KvLimits,
+    /// Limits of the watch hub.
+    pub watch_limits: WatchLimits,
+    /// Settings of the gRPC API.
+    pub api_options: ApiOptions,
+}
+
+impl NodeConfig {
+    /// Defaults for node `node_id`: a 100 ms tick, an election timeout of
+    /// 1 to 2 s, a heartbeat every 100 ms, a snapshot every 10 000 entries.
+    pub fn new(
+        node_id: NodeId,
+        data_dir: PathBuf,
+        client_listen: SocketAddr,
+        peer_listen: SocketAddr,
+        members: BTreeMap<NodeId, MemberAddrs>,
+    ) -> NodeConfig {
+        NodeConfig {
+            node_id,
+            cluster_id: 0x_f3e7_7000_0000_0001,
+            data_dir,
+            client_listen,
+            peer_listen,
+            members,
+            tick_interval: Duration::from_millis(100),
+            election_timeout_ticks: 10,
+            heartbeat_interval_ticks: 1,
+            snapshot_interval_entries: 10_000,
+            request_timeout: Duration::from_secs(7),
+            kv_limits: KvLimits::default(),
+            watch_limits: WatchLimits::default(),
+            api_options: ApiOptions::default(),
+        }
+    }
+}

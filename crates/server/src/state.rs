@@ -1,0 +1,140 @@
+//! One node's key-value state: the replicated state machine, the watch hub
+//! fed by it, and the leader-clock lease deadlines, behind one lock so that
+//! an apply and the watcher notification it causes are one atomic step (a
+//! watcher created between them could otherwise miss or repeat a revision).
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::command::decode_command;
+use crate::error::{CodecError, KvError};
+use crate::kv_state::{Applied, KvLimits, KvState};
+use crate::lease::LeaseClock;
+use crate::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
+use crate::pb::ferrypb::Command;
+use crate::watch::{StreamId, WatchHub, WatchLimits};
+
+/// The state machine with its watchers and lease clock.
+#[derive(Debug)]
+pub struct StateMachine {
+    kv: KvState,
+    /// Watchers on this node.
+    pub watches: WatchHub,
+    /// Lease deadlines; authoritative only on the leader.
+    pub lease_clock: LeaseClock,
+}
+
+impl StateMachine {
+    /// An empty state machine.
+    pub fn new(kv_limits: KvLimits, watch_limits: WatchLimits) -> StateMachine {
+        StateMachine {
+            kv: KvState::new(kv_limits),
+            watches: WatchHub::new(watch_limits),
+            lease_clock: LeaseClock::new(),
+        }
+    }
+
+    /// The replicated key-value state.
+    pub fn kv(&self) -> &KvState {
+        &self.kv
+    }
+
+    /// Applies a command and hands its events to the watchers.
+    pub fn apply(&mut self, index: u64, command: &Command) -> Applied {
+        let applied = self.kv.apply(index, command);
+        if !applied.events.is_empty() {
+            self.watches.notify(applied.revision, &applied.events);
+        }
+        applied
+    }
+
+    /// Decodes and applies a log entry (see [`KvState::apply_bytes`]).
+    pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Applied {
+        match decode_command(bytes) {
+            Ok(command) => self.apply(index, &command),
+            Err(error) => {
+                let applied = self.kv.apply_bytes(index, bytes);
+                debug_assert_eq!(applied.response, Err(KvError::Decode(error)));
+                applied
+            }
+        }
+    }
+
+    /// Replaces the state with a snapshot. Lease deadlines start over and
+    /// every watch stream is woken to catch up from the new history.
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), CodecError> {
+        self.kv = KvState::restore(bytes, self.kv.limits().clone())?;
+        self.lease_clock.reset();
+        self.watches.wake_all();
+        Ok(())
+    }
+
+    /// The snapshot of the replicated state (see [`KvState::snapshot`]).
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.kv.snapshot()
+    }
+
+    /// Creates a watcher on a stream (see [`WatchHub::create`]).
+    pub fn watch_create(&mut self, stream_id: StreamId, request: &WatchCreateRequest) {
+        self.watches.create(stream_id, request, self.kv.store());
+    }
+
+    /// Cancels a watcher (see [`WatchHub::cancel`]).
+    pub fn watch_cancel(&mut self, stream_id: StreamId, watch_id: i64) {
+        self.watches.cancel(stream_id, watch_id, self.kv.store());
+    }
+
+    /// Periodic progress (see [`WatchHub::progress_tick`]).
+    pub fn watch_progress_tick(&mut self, stream_id: StreamId) {
+        self.watches.progress_tick(stream_id, self.kv.store());
+    }
+
+    /// What a watch stream should send now (see [`WatchHub::drain`]).
+    pub fn watch_drain(&mut self, stream_id: StreamId) -> (Vec<WatchResponse>, bool) {
+        self.watches.drain(stream_id, self.kv.store())
+    }
+
+    /// Starts deadlines of leases granted since the last call.
+    pub fn sync_lease_clock(&mut self, now_ms: u64) {
+        self.lease_clock.sync(self.kv.leases(), now_ms);
+    }
+
+    /// Leader only: an expiry command for leases past their deadline.
+    pub fn expired_leases(&mut self, now_ms: u64, ids_max: usize) -> Option<Command> {
+        self.lease_clock.expired(self.kv.leases(), now_ms, ids_max)
+    }
+
+    /// Leader only: renews a lease; its TTL, or `None` if unknown.
+    pub fn lease_keep_alive(&mut self, id: i64, now_ms: u64) -> Option<i64> {
+        self.lease_clock.keep_alive(self.kv.leases(), id, now_ms)
+    }
+
+    /// Leader only: seconds left on a lease, or `None` if unknown.
+    pub fn lease_remaining_seconds(&mut self, id: i64, now_ms: u64) -> Option<i64> {
+        self.lease_clock
+            .remaining_seconds(self.kv.leases(), id, now_ms)
+    }
+}
+
+/// A [`StateMachine`] shared between the applier, the API and watch streams.
+#[derive(Debug)]
+pub struct SharedState {
+    inner: Mutex<StateMachine>,
+}
+
+impl SharedState {
+    /// Wraps a state machine.
+    pub fn new(machine: StateMachine) -> SharedState {
+        SharedState {
+            inner: Mutex::new(machine),
+        }
+    }
+
+    /// Locks the state. A panic while holding the lock cannot leave the
+    /// state half-changed (apply validates before writing), so a poisoned
+    /// lock is taken over rather than propagated.
+    pub fn lock(&self) -> MutexGuard<'_, StateMachine> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

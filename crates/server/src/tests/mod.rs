@@ -1,0 +1,7 @@
+//! Unit tests of the state machine, the MVCC store and the watch hub.
+
+mod helpers;
+mod kv_semantics;
+mod mvcc_semantics;
+mod snapshot_determinism;
+mod watch_semantics;

@@ -1,0 +1,557 @@
+//! The watch hub: replay, live delivery, order without gap or duplicate,
+//! slow watchers, compaction, cancel and progress.
+
+use super::helpers::*;
+use crate::kv_state::KvLimits;
+use crate::pb::etcdserverpb::watch_create_request::FilterType;
+use crate::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
+use crate::pb::ferrypb::Command;
+use crate::state::StateMachine;
+use crate::watch::{StreamId, WatchLimits, COMPACTED_REASON, STREAM_WATCH_ID};
+
+struct Hub {
+    machine: StateMachine,
+    index: u64,
+}
+
+impl Hub {
+    fn new(limits: WatchLimits) -> Hub {
+        Hub {
+            machine: StateMachine::new(KvLimits::default(), limits),
+            index: 0,
+        }
+    }
+
+    fn apply(&mut self, command: Command) {
+        self.index += 1;
+        assert!(self.machine.apply(self.index, &command).response.is_ok());
+    }
+
+    /// Drains until nothing is behind, as a stream task does.
+    fn drain_all(&mut self, stream: StreamId) -> Vec<WatchResponse> {
+        let mut all = Vec::new();
+        loop {
+            let (out, behind) = self.machine.watch_drain(stream);
+            all.extend(out);
+            if !behind {
+                return all;
+            }
+        }
+    }
+}
+
+fn watch(key: &str, range_end: &str, start_revision: i64) -> WatchCreateRequest {
+    WatchCreateRequest {
+        key: key.as_bytes().to_vec(),
+        range_end: range_end.as_bytes().to_vec(),
+        start_revision,
+        ..Default::default()
+    }
+}
+
+/// (revision, key, is_delete) of every event in the responses for one watch.
+fn events_of(responses: &[WatchResponse], watch_id: i64) -> Vec<(i64, String, bool)> {
+    responses
+        .iter()
+        .filter(|r| r.watch_id == watch_id)
+        .flat_map(|r| r.events.iter())
+        .map(|e| {
+            let kv = e.kv.as_ref().unwrap();
+            (
+                kv.mod_revision,
+                String::from_utf8(kv.key.clone()).unwrap(),
+                e.r#type == 1,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn live_events_on_key_and_prefix_with_prev_kv_and_filters() {
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("a", "", 0)); // id 0
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            prev_kv: true,
+            ..watch("p/", "p0", 0)
+        },
+    ); // id 1
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            filters: vec![FilterType::Noput as i32],
+            ..watch("p/", "p0", 0)
+        },
+    ); // id 2
+    let created = hub.drain_all(stream);
+    assert_eq!(
+        created
+            .iter()
+            .filter(|r| r.created)
+            .map(|r| r.watch_id)
+            .collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    hub.apply(put_cmd("a", "1")); // 2
+    hub.apply(put_cmd("p/x", "1")); // 3
+    hub.apply(put_cmd("p/x", "2")); // 4
+    hub.apply(put_cmd("other", "1")); // 5
+    hub.apply(delete_cmd("p/x", "")); // 6
+    let out = hub.drain_all(stream);
+    assert_eq!(events_of(&out, 0), vec![(2, "a".into(), false)]);
+    assert_eq!(
+        events_of(&out, 1),
+        vec![
+            (3, "p/x".into(), false),
+            (4, "p/x".into(), false),
+            (6, "p/x".into(), true)
+        ]
+    );
+    assert_eq!(events_of(&out, 2), vec![(6, "p/x".into(), true)]);
+    let with_prev: Vec<_> = out
+        .iter()
+        .filter(|r| r.watch_id == 1)
+        .flat_map(|r| r.events.iter())
+        .collect();
+    assert!(with_prev[0].prev_kv.is_none());
+    assert_eq!(with_prev[1].prev_kv.as_ref().unwrap().value, b"1");
+    assert_eq!(with_prev[2].prev_kv.as_ref().unwrap().value, b"2");
+    let without_prev: Vec<_> = out
+        .iter()
+        .filter(|r| r.watch_id == 2)
+        .flat_map(|r| r.events.iter())
+        .collect();
+    assert!(without_prev[0].prev_kv.is_none(), "prev_kv only when asked");
+    for response in out.iter().filter(|r| !r.events.is_empty()) {
+        let header = response.header.unwrap().revision;
+        assert!(response
+            .events
+            .iter()
+            .all(|e| e.kv.as_ref().unwrap().mod_revision == header));
+    }
+}
+
+#[test]
+fn replay_from_history_then_live_without_gap_or_duplicate() {
+    let mut hub = Hub::new(WatchLimits {
+        events_per_watcher_max: 3,
+        ..WatchLimits::default()
+    });
+    for i in 0..10 {
+        hub.apply(put_cmd("k", &i.to_string())); // revisions 2..=11
+    }
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 4));
+    // Writes that happen between creation and the first drain.
+    hub.apply(put_cmd("k", "x")); // 12
+    let mut responses = hub.drain_all(stream);
+    hub.apply(put_cmd("k", "y")); // 13
+    hub.apply(put_cmd("k", "z")); // 14
+    responses.extend(hub.drain_all(stream));
+    let revisions: Vec<i64> = events_of(&responses, 0).into_iter().map(|e| e.0).collect();
+    assert_eq!(revisions, (4..=14).collect::<Vec<_>>());
+}
+
+#[test]
+fn slow_watcher_catches_up_from_history_without_blocking_the_store() {
+    let mut hub = Hub::new(WatchLimits {
+        events_per_watcher_max: 4,
+        ..WatchLimits::default()
+    });
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("\0", "\0", 0));
+    let mut responses = hub.drain_all(stream);
+    // The client reads nothing while 100 revisions are applied.
+    for i in 0..100 {
+        hub.apply(put_cmd(&format!("k{}", i % 7), "v"));
+    }
+    // Memory held for the watcher stayed bounded.
+    let (first, behind) = hub.machine.watch_drain(stream);
+    assert!(behind, "the watcher fell behind");
+    assert!(first.iter().map(|r| r.events.len()).sum::<usize>() <= 4 + 4);
+    responses.extend(first);
+    responses.extend(hub.drain_all(stream));
+    let revisions: Vec<i64> = events_of(&responses, 0).into_iter().map(|e| e.0).collect();
+    assert_eq!(revisions, (2..=101).collect::<Vec<_>>());
+    // And it is live again.
+    hub.apply(put_cmd("z", "1"));
+    let revisions: Vec<i64> = events_of(&hub.drain_all(stream), 0)
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(revisions, vec![102]);
+}
+
+#[test]
+fn watch_from_a_compacted_revision_is_cancelled_with_the_compact_revision() {
+    let mut hub = Hub::new(WatchLimits::default());
+    for i in 0..5 {
+        hub.apply(put_cmd("k", &i.to_string())); // 2..=6
+    }
+    hub.apply(compact_cmd(5));
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 3));
+    let out = hub.drain_all(stream);
+    assert!(out[0].created && !out[0].canceled);
+    let cancel = out.iter().find(|r| r.canceled).unwrap();
+    assert_eq!(cancel.compact_revision, 5);
+    assert_eq!(cancel.cancel_reason, COMPACTED_REASON);
+    // From the compacted revision itself is fine.
+    hub.machine.watch_create(stream, &watch("k", "", 5));
+    let out = hub.drain_all(stream);
+    assert_eq!(
+        events_of(&out, 1)
+            .into_iter()
+            .map(|e| e.0)
+            .collect::<Vec<_>>(),
+        vec![5, 6]
+    );
+}
+
+#[test]
+fn a_change_at_the_compacted_revision_keeps_its_prev_kv() {
+    let mut hub = Hub::new(WatchLimits::default());
+    hub.apply(put_cmd("k", "old")); // 2
+    hub.apply(put_cmd("k", "new")); // 3
+    hub.apply(compact_cmd(3));
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            prev_kv: true,
+            ..watch("k", "", 3)
+        },
+    );
+    let out = hub.drain_all(stream);
+    let event = out.iter().flat_map(|r| r.events.iter()).next().unwrap();
+    assert_eq!(event.kv.as_ref().unwrap().mod_revision, 3);
+    assert_eq!(event.prev_kv.as_ref().unwrap().value, b"old");
+}
+
+#[test]
+fn lagging_watcher_overtaken_by_compaction_is_cancelled() {
+    let mut hub = Hub::new(WatchLimits {
+        events_per_watcher_max: 2,
+        ..WatchLimits::default()
+    });
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 0));
+    hub.drain_all(stream);
+    for i in 0..10 {
+        hub.apply(put_cmd("k", &i.to_string())); // 2..=11
+    }
+    hub.apply(compact_cmd(8));
+    let out = hub.drain_all(stream);
+    // It got what it had queued, then the cancel; never a gap.
+    let revisions: Vec<i64> = events_of(&out, 0).into_iter().map(|e| e.0).collect();
+    assert_eq!(revisions, vec![2, 3]);
+    let cancel = out.last().unwrap();
+    assert!(cancel.canceled);
+    assert_eq!(cancel.compact_revision, 8);
+}
+
+#[test]
+fn lag_limit_cancels_with_a_reason() {
+    let mut hub = Hub::new(WatchLimits {
+        events_per_watcher_max: 1,
+        lag_revisions_max: 3,
+        ..WatchLimits::default()
+    });
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 0));
+    hub.drain_all(stream);
+    for i in 0..10 {
+        hub.apply(put_cmd("k", &i.to_string()));
+    }
+    let out = hub.drain_all(stream);
+    let cancel = out.last().unwrap();
+    assert!(cancel.canceled);
+    assert!(
+        cancel.cancel_reason.contains("too slow"),
+        "{}",
+        cancel.cancel_reason
+    );
+}
+
+#[test]
+fn cancel_stops_events_and_duplicate_ids_are_refused() {
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            watch_id: 7,
+            ..watch("k", "", 0)
+        },
+    );
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            watch_id: 7,
+            ..watch("k", "", 0)
+        },
+    );
+    let out = hub.drain_all(stream);
+    assert!(out[0].created && !out[0].canceled && out[0].watch_id == 7);
+    assert!(out[1].created && out[1].canceled && !out[1].cancel_reason.is_empty());
+    hub.apply(put_cmd("k", "1"));
+    hub.machine.watch_cancel(stream, 7);
+    let out = hub.drain_all(stream);
+    assert_eq!(
+        out.len(),
+        1,
+        "queued events of a cancelled watcher are dropped: {out:?}"
+    );
+    assert!(out[0].canceled && out[0].watch_id == 7);
+    hub.apply(put_cmd("k", "2"));
+    assert!(hub.drain_all(stream).is_empty());
+    hub.machine.watch_cancel(stream, 99);
+    assert!(hub.drain_all(stream).is_empty(), "unknown ids are ignored");
+}
+
+#[test]
+fn progress_request_waits_until_every_watcher_is_synced() {
+    let mut hub = Hub::new(WatchLimits {
+        events_per_watcher_max: 2,
+        ..WatchLimits::default()
+    });
+    for i in 0..6 {
+        hub.apply(put_cmd("k", &i.to_string())); // 2..=7
+    }
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 2));
+    hub.machine.watches.request_progress(stream);
+    let (first, behind) = hub.machine.watch_drain(stream);
+    assert!(behind);
+    assert!(
+        first.iter().all(|r| r.watch_id != STREAM_WATCH_ID),
+        "no progress while behind"
+    );
+    let rest = hub.drain_all(stream);
+    let progress = rest.last().unwrap();
+    assert_eq!(progress.watch_id, STREAM_WATCH_ID);
+    assert_eq!(progress.header.unwrap().revision, 7);
+    assert!(progress.events.is_empty());
+    let delivered: Vec<i64> = events_of(&[first, rest.clone()].concat(), 0)
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(delivered, (2..=7).collect::<Vec<_>>());
+}
+
+#[test]
+fn periodic_progress_only_for_idle_watchers_that_asked() {
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            progress_notify: true,
+            ..watch("k", "", 0)
+        },
+    );
+    hub.machine.watch_create(stream, &watch("j", "", 0));
+    hub.drain_all(stream);
+    hub.apply(put_cmd("other", "1"));
+    hub.machine.watch_progress_tick(stream);
+    let out = hub.drain_all(stream);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].watch_id, 0);
+    assert_eq!(out[0].header.unwrap().revision, 2);
+    hub.apply(put_cmd("k", "1"));
+    hub.drain_all(stream);
+    hub.machine.watch_progress_tick(stream);
+    assert!(
+        hub.drain_all(stream).is_empty(),
+        "it had events this period"
+    );
+}
+
+#[test]
+fn restore_wakes_watchers_to_catch_up() {
+    let mut source = Hub::new(WatchLimits::default());
+    source.apply(put_cmd("k", "1")); // 2
+    source.apply(put_cmd("k", "2")); // 3
+    let snapshot = source.machine.snapshot();
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 0));
+    hub.drain_all(stream);
+    hub.machine.restore(&snapshot).unwrap();
+    let revisions: Vec<i64> = events_of(&hub.drain_all(stream), 0)
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(revisions, vec![2, 3]);
+}
+
+#[test]
+fn negative_watch_ids_are_refused() {
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(
+        stream,
+        &WatchCreateRequest {
+            watch_id: -1,
+            ..watch("k", "", 0)
+        },
+    );
+    let out = hub.drain_all(stream);
+    assert!(out[0].canceled && out[0].cancel_reason.contains("negative"));
+    assert_eq!(hub.machine.watches.watcher_count(), 0);
+}
+
+mod model {
+    //! Random interleavings of writes, compactions, watcher creation and
+    //! draining, checked against the log of everything the store applied.
+
+    use super::*;
+    use crate::pb::etcdserverpb::TxnRequest;
+    use crate::pb::mvccpb::Event;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Put(&'static str, u8),
+        Delete(&'static str),
+        DeletePrefix,
+        TxnPair(&'static str, &'static str),
+        Compact(u8),
+        Watch {
+            range: u8,
+            start_back: u8,
+            prev_kv: bool,
+        },
+        Drain,
+    }
+
+    fn key() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec!["a", "b", "d/1", "d/2"])
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (key(), any::<u8>()).prop_map(|(k, v)| Step::Put(k, v)),
+            2 => key().prop_map(Step::Delete),
+            1 => Just(Step::DeletePrefix),
+            2 => (key(), key()).prop_filter("distinct keys", |(a, b)| a != b).prop_map(|(a, b)| Step::TxnPair(a, b)),
+            1 => any::<u8>().prop_map(Step::Compact),
+            2 => (0u8..3, 0u8..8, any::<bool>()).prop_map(|(range, start_back, prev_kv)| Step::Watch { range, start_back, prev_kv }),
+            3 => Just(Step::Drain),
+        ]
+    }
+
+    struct Expectation {
+        range: crate::mvcc::KeyRange,
+        start: i64,
+        prev_kv: bool,
+        received: Vec<Event>,
+        cancelled_at_compaction: Option<i64>,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        #[test]
+        fn every_watcher_sees_exactly_the_applied_events_in_order(steps in proptest::collection::vec(step(), 1..80)) {
+            let mut hub = Hub::new(WatchLimits { events_per_watcher_max: 2, ..WatchLimits::default() });
+            let (stream, _) = hub.machine.watches.open_stream().unwrap();
+            let mut log: Vec<Event> = Vec::new();
+            let mut watchers: Vec<Expectation> = Vec::new();
+            let ranges = [("a", ""), ("d/", "d0"), ("\0", "\0")];
+            let route = |out: Vec<WatchResponse>, watchers: &mut Vec<Expectation>| {
+                for response in out {
+                    let Ok(index) = usize::try_from(response.watch_id) else { continue };
+                    let Some(w) = watchers.get_mut(index) else { continue };
+                    if response.canceled {
+                        assert!(response.compact_revision > 0, "only compaction cancels here: {response:?}");
+                        w.cancelled_at_compaction = Some(response.compact_revision);
+                    }
+                    w.received.extend(response.events);
+                }
+            };
+            for step in steps {
+                let command = match step {
+                    Step::Put(k, v) => Some(put_cmd(k, &v.to_string())),
+                    Step::Delete(k) => Some(delete_cmd(k, "")),
+                    Step::DeletePrefix => Some(delete_cmd("d/", "d0")),
+                    Step::TxnPair(a, b) => Some(txn_cmd(TxnRequest {
+                        compare: vec![],
+                        success: vec![op_put(a, "t"), op_put(b, "t")],
+                        failure: vec![],
+                    })),
+                    Step::Compact(back) => {
+                        let current = hub.machine.kv().store().revision();
+                        let target = current - i64::from(back % 6);
+                        (target > hub.machine.kv().store().compacted_revision()).then(|| compact_cmd(target))
+                    }
+                    Step::Watch { range, start_back, prev_kv } => {
+                        let (key, end) = ranges[usize::from(range)];
+                        let current = hub.machine.kv().store().revision();
+                        let start = if start_back == 0 { 0 } else { (current + 1 - i64::from(start_back)).max(1) };
+                        hub.machine.watch_create(stream, &WatchCreateRequest { prev_kv, ..watch(key, end, start) });
+                        watchers.push(Expectation {
+                            range: crate::mvcc::KeyRange::new(key.as_bytes(), end.as_bytes()),
+                            start: if start == 0 { current + 1 } else { start },
+                            prev_kv,
+                            received: Vec::new(),
+                            cancelled_at_compaction: None,
+                        });
+                        None
+                    }
+                    Step::Drain => {
+                        let (out, _) = hub.machine.watch_drain(stream);
+                        route(out, &mut watchers);
+                        None
+                    }
+                };
+                if let Some(command) = command {
+                    hub.index += 1;
+                    let applied = hub.machine.apply(hub.index, &command);
+                    log.extend(applied.events);
+                }
+            }
+            let out = hub.drain_all(stream);
+            route(out, &mut watchers);
+            for w in &watchers {
+                let expected: Vec<Event> = log
+                    .iter()
+                    .filter(|e| {
+                        let kv = e.kv.as_ref().unwrap();
+                        kv.mod_revision >= w.start && w.range.contains(&kv.key)
+                    })
+                    .map(|e| {
+                        let mut e = e.clone();
+                        if !w.prev_kv {
+                            e.prev_kv = None;
+                        }
+                        e
+                    })
+                    .collect();
+                match w.cancelled_at_compaction {
+                    None => prop_assert_eq!(&w.received, &expected),
+                    Some(compacted) => {
+                        prop_assert!(expected.starts_with(&w.received), "received a prefix of the history");
+                        let next = w.received.last().map_or(w.start, |e| e.kv.as_ref().unwrap().mod_revision + 1);
+                        prop_assert!(next < compacted, "cancelled only when the next revision was compacted");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn stream_count_is_bounded() {
+    let mut hub = Hub::new(WatchLimits {
+        streams_max: 2,
+        ..WatchLimits::default()
+    });
+    let (first, _) = hub.machine.watches.open_stream().unwrap();
+    assert!(hub.machine.watches.open_stream().is_some());
+    assert!(hub.machine.watches.open_stream().is_none());
+    hub.machine.watches.close_stream(first);
+    assert!(hub.machine.watches.open_stream().is_some());
+}

@@ -1,0 +1,166 @@
+//! The filesystem as the storage layer sees it: a few operations, each with
+//! the durability rules spelled out, so that a simulated disk can break them
+//! in every way a real one may.
+//!
+//! Durability rules (the simulated disk enforces exactly these):
+//! - bytes appended to a file survive a crash only after that file's
+//!   [`DiskFile::sync_data`];
+//! - a created, renamed or removed name survives a crash only after
+//!   [`Disk::sync_dir`] on its directory;
+//! - [`Disk::truncate_synced`] is durable when it returns.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// A file opened for appending. Methods take `&self` so that a sync can run
+/// on one thread while another appends the next batch.
+pub trait DiskFile: Send + Sync + std::fmt::Debug + 'static {
+    /// Appends `data` at the end of the file.
+    fn append(&self, data: &[u8]) -> io::Result<()>;
+    /// Makes every byte appended so far durable (fdatasync).
+    fn sync_data(&self) -> io::Result<()>;
+}
+
+/// A filesystem.
+pub trait Disk: Clone + Send + Sync + std::fmt::Debug + 'static {
+    /// The handle type of files opened for appending.
+    type File: DiskFile;
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// The names of the files directly in `dir`, sorted.
+    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates an empty file (replacing any file of that name) for appending.
+    fn create(&self, path: &Path) -> io::Result<Self::File>;
+    /// The whole content of a file.
+    fn read_all(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Fills `buf` from `offset`; fails with `UnexpectedEof` if the file is shorter.
+    fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// The length of a file in bytes.
+    fn file_len(&self, path: &Path) -> io::Result<u64>;
+    /// Cuts a file to `len` bytes and syncs it.
+    fn truncate_synced(&self, path: &Path, len: u64) -> io::Result<()>;
+    /// Renames a file, replacing the target.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creates, renames, removes) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// The real filesystem through `std::fs`; syncs are `fdatasync`
+/// (`File::sync_data`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsDisk;
+
+/// A real file opened for appending.
+#[derive(Debug)]
+pub struct FsFile {
+    file: File,
+}
+
+impl DiskFile for FsFile {
+    fn append(&self, data: &[u8]) -> io::Result<()> {
+        (&self.file).write_all(data)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+impl Disk for FsDisk {
+    type File = FsFile;
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+
+    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                if let Some(name) = entry.file_name().to_str() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn create(&self, path: &Path) -> io::Result<FsFile> {
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)?;
+        // Appends go through the write position, which starts at 0 and only
+        // moves forward because nothing else writes to this handle.
+        Ok(FsFile { file })
+    }
+
+    fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+
+    fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        File::open(path)?.read_exact_at(buf, offset)
+    }
+
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        Ok(std::fs::metadata(path)?.len())
+    }
+
+    fn truncate_synced(&self, path: &Path, len: u64) -> io::Result<()> {
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.set_len(len)?;
+        file.sync_all()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// Creates `dir` (and its parents) and syncs the parents of `dir` and of
+/// its own parent, so that a newly created directory survives a crash along
+/// with the files later synced in it.
+pub fn create_dir_durably<D: Disk>(disk: &D, dir: &Path) -> crate::error::Result<()> {
+    use crate::error::StorageError;
+    disk.create_dir_all(dir)
+        .map_err(|e| StorageError::io("create directory", dir, e))?;
+    for parent in dir.ancestors().skip(1).take(2) {
+        if parent.as_os_str().is_empty() {
+            break;
+        }
+        disk.sync_dir(parent)
+            .map_err(|e| StorageError::io("sync directory", parent, e))?;
+    }
+    Ok(())
+}
+
+/// A fresh, uniquely named directory under the system's temp folder, for
+/// tests and benchmarks. The caller removes it.
+pub fn unique_temp_dir(label: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::env::temp_dir().join(format!(
+        "ferry-storage-{label}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ))
+}

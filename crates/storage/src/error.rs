@@ -1,0 +1,148 @@
+//! Typed errors of the storage layer.
+//!
+//! Every error that comes from disk contents names the file and the byte
+//! offset, so that an operator can see what broke; none of them is a panic.
+
+use std::path::PathBuf;
+
+use ferry_raft::{GroupId, Index};
+
+/// Why a byte string could not be decoded into an engine value or a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The input ended before the value did.
+    #[error("input ends at byte {at}, but {needed} more bytes were expected")]
+    Truncated {
+        /// Where the missing bytes would have started.
+        at: usize,
+        /// How many bytes were missing.
+        needed: usize,
+    },
+    /// A tag byte that no version of the format writes.
+    #[error("unknown {what} tag {tag} at byte {at}")]
+    UnknownTag {
+        /// What kind of value the tag selects.
+        what: &'static str,
+        /// The tag found.
+        tag: u8,
+        /// Where it was found.
+        at: usize,
+    },
+    /// A length or count beyond what the format allows.
+    #[error("{what} of {len} exceeds the limit of {max}")]
+    TooLong {
+        /// What was too long.
+        what: &'static str,
+        /// The length found.
+        len: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// Bytes left over after a complete value.
+    #[error("{count} unexpected bytes after the value")]
+    TrailingBytes {
+        /// How many bytes were left.
+        count: usize,
+    },
+    /// A structurally valid value that breaks a rule of the format.
+    #[error("invalid value: {0}")]
+    Invalid(&'static str),
+}
+
+/// Everything that can go wrong in the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The operating system (or the simulated disk) refused an operation.
+    #[error("I/O error: {op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Data on disk failed its checksum or could not be decoded, somewhere a
+    /// torn write cannot explain. The node must not run on it.
+    #[error(
+        "corrupt data in {path} at byte {offset}: {reason}. This node's data cannot be \
+         trusted: stop the node, remove it from its groups through the healthy members, move \
+         its data directory aside and add it back as a new member; it then rejoins and \
+         receives the state from its peers"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Where the bad data starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An earlier write or sync failed; after a failed sync the kernel may
+    /// have dropped dirty pages, so nothing written since can be trusted.
+    #[error("storage stopped after an earlier failure ({0}); restart the node")]
+    Poisoned(String),
+    /// A request the caller should not have made (a bug in the caller).
+    #[error("group {group}: {reason}")]
+    InvalidRequest {
+        /// The group concerned.
+        group: GroupId,
+        /// What is wrong with the request.
+        reason: String,
+    },
+    /// The requested entries are not in the log (compacted or never written).
+    #[error("group {group}: index {index} is outside the log (first {first}, last {last})")]
+    OutOfRange {
+        /// The group concerned.
+        group: GroupId,
+        /// The index asked for.
+        index: Index,
+        /// The first index the log holds.
+        first: Index,
+        /// The last index the log holds.
+        last: Index,
+    },
+    /// The group is not known to this storage.
+    #[error("group {0} has no state in this storage")]
+    UnknownGroup(GroupId),
+    /// `prepare_sync` was called while the previous sync has not completed.
+    #[error("a sync is already in flight; complete it before preparing the next")]
+    SyncInFlight,
+    /// A snapshot chunk arrived out of order.
+    #[error(
+        "snapshot {index} of group {group}: chunk at offset {offset}, expected offset {expected}"
+    )]
+    SnapshotChunkOutOfOrder {
+        /// The group.
+        group: GroupId,
+        /// The snapshot's index.
+        index: Index,
+        /// The offset received.
+        offset: u64,
+        /// The offset expected next.
+        expected: u64,
+    },
+}
+
+impl StorageError {
+    /// Wraps an I/O error with what was being done and where.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A corruption error for `path` at `offset`.
+    pub fn corrupt(path: impl Into<PathBuf>, offset: u64, reason: impl Into<String>) -> Self {
+        StorageError::Corrupt {
+            path: path.into(),
+            offset,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;

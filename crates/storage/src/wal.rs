@@ -1,0 +1,1270 @@
+//! The write-ahead log: one per node, shared by every Raft group on it.
+//!
+//! # Layout
+//!
+//! The log is a directory of segment files `<seq>.seg` (20-digit, zero
+//! padded). Every segment starts with a header record and one checkpoint
+//! record per group (its hard state, the index its log starts after, and its
+//! last index at that moment). After that come the records of every group,
+//! interleaved in the order they were written. Each record is framed with its
+//! length and a crc32c (see [`crate::codec`]).
+//!
+//! # Old segments
+//!
+//! A segment is deleted once no group has a live entry in it (or in any
+//! older segment): every group's entries in it are behind a snapshot or have
+//! been replaced. Because each newer segment opens with a checkpoint of every
+//! group, nothing else in the old segment is needed. We chose this over
+//! moving live entries to per-group files (as Ra does) because it keeps a
+//! single sequential write stream and a single sync per batch, and never
+//! rewrites data: the cost is disk space when one group is slow to take
+//! snapshots, since its oldest live entry pins every segment after it. The
+//! engine asks for compaction (`Action::Compact`) after each snapshot, so the
+//! pinned span is about one snapshot interval of the slowest group; a group
+//! removed from the node releases its segments at once.
+//!
+//! # Group commit and threading
+//!
+//! The log itself starts no thread and takes `&mut self`: appends go to an
+//! in-memory buffer (flushed to the file when it fills), and a sync is split
+//! in three steps so that the caller decides where the slow part runs:
+//!
+//! 1. [`Wal::prepare_sync`] writes the buffer to the file and returns a
+//!    [`PendingSync`] covering every record written so far, by every group;
+//! 2. [`PendingSync::execute`] does the fdatasync (and the directory sync
+//!    when a segment was created). It needs no access to the log, so the
+//!    server runs it on a blocking thread while the log keeps taking appends:
+//!    the next batch fills while the sync is in flight;
+//! 3. [`Wal::complete_sync`] takes the outcome and returns, per group, the
+//!    highest persist sequence number now durable (`Input::Persisted`).
+//!
+//! One sync is in flight at a time. (When a segment fills, the log syncs it
+//! inline before starting the next one: once per segment, see Recovery.)
+//! The simulator runs the three steps on its
+//! single thread and delivers the completion after the disk's simulated
+//! latency; [`Wal::sync`] runs all three at once. We chose this over an
+//! internal writer thread so that the simulator stays single-threaded and
+//! deterministic, and so that the server owns all of its threads.
+//!
+//! After a failed write or sync the log refuses all further work
+//! ([`StorageError::Poisoned`]): after a failed fdatasync the kernel may have
+//! dropped the dirty pages, and retrying could report data as durable that is
+//! not.
+//!
+//! # Recovery
+//!
+//! A segment is synced before the next one is created (on rotation, and on
+//! open for the last segment found), so only the last segment can have a
+//! torn tail. [`Wal::open`] replays every segment. Damage at the end of the
+//! last segment (a record cut short or failing its checksum, with no valid
+//! record after it) is a torn write: it is cut off (durably) and reported in
+//! [`WalRecovery::truncated_bytes`]. Any other damage is
+//! [`StorageError::Corrupt`] naming the file and offset. The way back from
+//! corruption (the node leaves its groups, is wiped and rejoins as a new
+//! member that receives a snapshot and the log) is described in the crate
+//! documentation.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_raft::{Entry, EntryPayload, GroupId, HardState, Index, PersistRequest, Term};
+
+use crate::cache::EntryCache;
+use crate::codec::{self, frame_record, read_frame, FrameRead, WalRecord, FRAME_HEADER_BYTES};
+use crate::disk::{Disk, DiskFile};
+use crate::error::{Result, StorageError};
+
+/// Tunables of the log.
+#[derive(Clone, Debug)]
+pub struct WalOptions {
+    /// A new segment is started before a record that would begin past this size.
+    pub segment_size_bytes_max: u64,
+    /// Appended records are buffered in memory up to this size before being
+    /// written to the file (a sync always writes the buffer first).
+    pub write_buffer_bytes_max: usize,
+    /// The most entries the cache keeps per group.
+    pub cache_entries_max_per_group: usize,
+    /// The most bytes the cache keeps per group (the node-wide bound is this
+    /// times the number of groups).
+    pub cache_size_bytes_max_per_group: u64,
+    /// Persist requests are split into records of about this many bytes.
+    pub record_size_bytes_target: u64,
+}
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        WalOptions {
+            segment_size_bytes_max: 64 * 1024 * 1024,
+            write_buffer_bytes_max: 1024 * 1024,
+            cache_entries_max_per_group: 1024,
+            cache_size_bytes_max_per_group: 1024 * 1024,
+            record_size_bytes_target: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Where a record starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Location {
+    segment: u64,
+    offset: u64,
+}
+
+/// What the log knows about one group.
+#[derive(Debug)]
+struct Group {
+    hard_state: HardState,
+    /// The log starts after this index (compacted through, or snapshot).
+    base_index: Index,
+    base_term: Term,
+    /// Terms of the live entries `base_index + 1 ..`.
+    terms: VecDeque<Term>,
+    /// The record holding each live entry.
+    locations: VecDeque<Location>,
+    cache: EntryCache,
+}
+
+impl Group {
+    fn new(options: &WalOptions) -> Self {
+        Group {
+            hard_state: HardState::default(),
+            base_index: 0,
+            base_term: 0,
+            terms: VecDeque::new(),
+            locations: VecDeque::new(),
+            cache: EntryCache::new(
+                options.cache_entries_max_per_group,
+                options.cache_size_bytes_max_per_group,
+            ),
+        }
+    }
+
+    fn last_index(&self) -> Index {
+        self.base_index + self.terms.len() as u64
+    }
+
+    fn term(&self, index: Index) -> Option<Term> {
+        if index == self.base_index {
+            return Some(self.base_term);
+        }
+        if index < self.base_index {
+            return None;
+        }
+        self.terms
+            .get((index - self.base_index - 1) as usize)
+            .copied()
+    }
+
+    fn apply_entries(&mut self, entries: &[Entry], at: Location) {
+        let Some(first) = entries.first() else {
+            return;
+        };
+        debug_assert!(first.index > self.base_index && first.index <= self.last_index() + 1);
+        let keep = (first.index - self.base_index - 1) as usize;
+        self.terms.truncate(keep);
+        self.locations.truncate(keep);
+        for e in entries {
+            self.terms.push_back(e.term);
+            self.locations.push_back(at);
+        }
+        self.cache.append(entries);
+    }
+
+    fn compact(&mut self, through: Index, term: Term) {
+        debug_assert!(through > self.base_index && through <= self.last_index());
+        let n = (through - self.base_index) as usize;
+        self.terms.drain(..n);
+        self.locations.drain(..n);
+        self.base_index = through;
+        self.base_term = term;
+        self.cache.drop_through(through);
+    }
+
+    fn reset(&mut self, index: Index, term: Term) {
+        self.terms.clear();
+        self.locations.clear();
+        self.cache.clear();
+        self.base_index = index;
+        self.base_term = term;
+    }
+}
+
+/// The segment being appended to.
+#[derive(Debug)]
+struct Current<F> {
+    seq: u64,
+    path: PathBuf,
+    file: Arc<F>,
+    /// Bytes already handed to the file.
+    flushed_len: u64,
+    /// Records not yet handed to the file.
+    buffer: Vec<u8>,
+    /// Whether anything was written since the last prepared sync.
+    dirty: bool,
+}
+
+impl<F> Current<F> {
+    fn len(&self) -> u64 {
+        self.flushed_len + self.buffer.len() as u64
+    }
+}
+
+/// One group's state as found by recovery.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveredLog {
+    /// The latest hard state written.
+    pub hard_state: HardState,
+    /// The log starts after this index (its snapshot or compaction point).
+    pub base_index: Index,
+    /// The term at `base_index`.
+    pub base_term: Term,
+    /// The entries after `base_index`, consecutive.
+    pub entries: Vec<Entry>,
+}
+
+/// What [`Wal::open`] found.
+#[derive(Clone, Debug, Default)]
+pub struct WalRecovery {
+    /// Every group with state in the log.
+    pub groups: BTreeMap<GroupId, RecoveredLog>,
+    /// Bytes cut from the end of the log (a torn write). Nonzero means the
+    /// node crashed while writing; only unsynced data can have been cut,
+    /// unless the disk also damaged the very last record.
+    pub truncated_bytes: u64,
+    /// The file that was cut, if any.
+    pub truncated_file: Option<PathBuf>,
+    /// Segments replayed.
+    pub segments_replayed: usize,
+    /// Bytes replayed.
+    pub bytes_replayed: u64,
+    /// Segments deleted because they were left over from an interrupted
+    /// deletion of old segments.
+    pub stale_segments_removed: usize,
+    /// Groups whose last record in the log is their removal. Their snapshot
+    /// files, if any survived, must be deleted (as [`crate::Storage::open`] does).
+    pub removed_groups: BTreeSet<GroupId>,
+}
+
+/// A sync covering everything written before it was prepared. Run
+/// [`PendingSync::execute`] anywhere, then hand the outcome to
+/// [`Wal::complete_sync`].
+#[derive(Debug)]
+pub struct PendingSync<D: Disk> {
+    disk: D,
+    files: Vec<Arc<D::File>>,
+    dir: Option<PathBuf>,
+    seqs: BTreeMap<GroupId, u64>,
+    delete_below: u64,
+}
+
+impl<D: Disk> PendingSync<D> {
+    /// Syncs the files (and the directory, if a segment was created).
+    pub fn execute(&self) -> std::io::Result<()> {
+        for f in &self.files {
+            f.sync_data()?;
+        }
+        if let Some(dir) = &self.dir {
+            self.disk.sync_dir(dir)?;
+        }
+        Ok(())
+    }
+
+    /// The persist sequence numbers this sync makes durable, per group.
+    pub fn seqs(&self) -> &BTreeMap<GroupId, u64> {
+        &self.seqs
+    }
+}
+
+/// The write-ahead log. See the module documentation.
+#[derive(Debug)]
+pub struct Wal<D: Disk> {
+    disk: D,
+    dir: PathBuf,
+    options: WalOptions,
+    groups: BTreeMap<GroupId, Group>,
+    /// Every segment on disk, oldest first, including the current one.
+    segments: BTreeMap<u64, PathBuf>,
+    current: Current<D::File>,
+    /// Older segments written to since the last prepared sync.
+    touched: Vec<Arc<D::File>>,
+    dir_dirty: bool,
+    unsynced_seqs: BTreeMap<GroupId, u64>,
+    sync_in_flight: bool,
+    poisoned: Option<String>,
+}
+
+fn segment_name(seq: u64) -> String {
+    format!("{seq:020}.seg")
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Replay state of one group.
+#[derive(Debug, Default)]
+struct ReplayGroup {
+    hard_state: HardState,
+    base_index: Index,
+    base_term: Term,
+    /// The index before the first entry held; above `base_index` when the
+    /// entries between were in segments that are gone.
+    start: Index,
+    entries: VecDeque<Entry>,
+    locations: VecDeque<Location>,
+}
+
+impl ReplayGroup {
+    fn last(&self) -> Index {
+        self.start + self.entries.len() as u64
+    }
+
+    fn compact(&mut self, through: Index, term: Term) {
+        if through <= self.base_index {
+            return;
+        }
+        self.base_index = through;
+        self.base_term = term;
+        if through >= self.last() {
+            self.entries.clear();
+            self.locations.clear();
+            self.start = through;
+        } else if through > self.start {
+            let n = (through - self.start) as usize;
+            self.entries.drain(..n);
+            self.locations.drain(..n);
+            self.start = through;
+        }
+    }
+
+    fn truncate_after(&mut self, last: Index) {
+        if last < self.start {
+            self.entries.clear();
+            self.locations.clear();
+            self.start = last.max(self.base_index);
+        } else {
+            let keep = (last - self.start) as usize;
+            self.entries.truncate(keep);
+            self.locations.truncate(keep);
+        }
+    }
+}
+
+struct Replay<'a> {
+    groups: BTreeMap<GroupId, ReplayGroup>,
+    /// Groups whose last record is their removal.
+    removed: BTreeSet<GroupId>,
+    path: &'a Path,
+    segment: u64,
+    first_segment: bool,
+}
+
+impl Replay<'_> {
+    fn corrupt(&self, offset: u64, reason: impl Into<String>) -> StorageError {
+        StorageError::corrupt(self.path, offset, reason)
+    }
+
+    fn apply(&mut self, record: WalRecord, offset: u64) -> Result<()> {
+        match &record {
+            WalRecord::Checkpoint { group, .. }
+            | WalRecord::Persist { group, .. }
+            | WalRecord::Compact { group, .. }
+            | WalRecord::ResetToSnapshot { group, .. } => {
+                self.removed.remove(group);
+            }
+            WalRecord::SegmentHeader { .. } | WalRecord::RemoveGroup { .. } => {}
+        }
+        let at = Location {
+            segment: self.segment,
+            offset,
+        };
+        match record {
+            WalRecord::SegmentHeader { .. } => {
+                Err(self.corrupt(offset, "segment header in the middle of a segment"))
+            }
+            WalRecord::Checkpoint {
+                group,
+                hard_state,
+                base_index,
+                base_term,
+                last_index,
+            } => {
+                if base_index > last_index {
+                    return Err(
+                        self.corrupt(offset, "checkpoint with its base after its last index")
+                    );
+                }
+                match self.groups.get_mut(&group) {
+                    None => {
+                        // A group first seen in a later segment's checkpoint
+                        // can only be one that recovery created from a
+                        // snapshot alone: it has no entries to account for.
+                        if !self.first_segment && last_index != base_index {
+                            return Err(self.corrupt(
+                                offset,
+                                format!(
+                                    "checkpoint of group {group}, unknown until here, \
+                                     claims entries through {last_index}"
+                                ),
+                            ));
+                        }
+                        // The entries up to `last_index` were in older,
+                        // deleted segments; they must all be compacted by a
+                        // later record or covered by a snapshot.
+                        self.groups.insert(
+                            group,
+                            ReplayGroup {
+                                hard_state,
+                                base_index,
+                                base_term,
+                                start: last_index,
+                                ..ReplayGroup::default()
+                            },
+                        );
+                    }
+                    Some(g) => {
+                        g.hard_state = hard_state;
+                        g.compact(base_index, base_term);
+                        if last_index > g.last() {
+                            return Err(StorageError::corrupt(
+                                self.path,
+                                offset,
+                                format!(
+                                    "checkpoint says group {group} has entries through {last_index}, \
+                                     but the log before it holds only through {}",
+                                    g.last()
+                                ),
+                            ));
+                        }
+                        g.truncate_after(last_index);
+                    }
+                }
+                Ok(())
+            }
+            WalRecord::Persist {
+                group,
+                hard_state,
+                entries,
+                ..
+            } => {
+                let g = self.groups.entry(group).or_default();
+                if let Some(hs) = hard_state {
+                    g.hard_state = hs;
+                }
+                let Some(first) = entries.first().map(|e| e.index) else {
+                    return Ok(());
+                };
+                if first <= g.base_index || first > g.last() + 1 {
+                    let (base, last) = (g.base_index, g.last());
+                    return Err(self.corrupt(
+                        offset,
+                        format!("group {group}: entries from {first} do not fit a log with base {base} and last {last}"),
+                    ));
+                }
+                if first <= g.start {
+                    g.entries.clear();
+                    g.locations.clear();
+                    g.start = first - 1;
+                } else {
+                    g.truncate_after(first - 1);
+                }
+                for e in entries {
+                    g.entries.push_back(e);
+                    g.locations.push_back(at);
+                }
+                Ok(())
+            }
+            WalRecord::Compact {
+                group,
+                through,
+                term,
+            } => {
+                let Some(g) = self.groups.get_mut(&group) else {
+                    return Err(
+                        self.corrupt(offset, format!("compaction of unknown group {group}"))
+                    );
+                };
+                g.compact(through, term);
+                Ok(())
+            }
+            WalRecord::ResetToSnapshot { group, index, term } => {
+                let g = self.groups.entry(group).or_default();
+                g.entries.clear();
+                g.locations.clear();
+                g.base_index = index;
+                g.base_term = term;
+                g.start = index;
+                Ok(())
+            }
+            WalRecord::RemoveGroup { group } => {
+                self.groups.remove(&group);
+                self.removed.insert(group);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<D: Disk> Wal<D> {
+    /// Opens (or creates) the log in `dir` and replays it.
+    ///
+    /// `snapshots` gives, per group, the index and term of the latest
+    /// snapshot on disk: entries it covers are dropped, and a log that
+    /// disagrees with it (a different term at its index) is discarded after
+    /// it, as Raft requires. A group whose entries are missing and not
+    /// covered by a snapshot is [`StorageError::Corrupt`].
+    pub fn open(
+        disk: D,
+        dir: &Path,
+        options: WalOptions,
+        snapshots: &BTreeMap<GroupId, (Index, Term)>,
+    ) -> Result<(Wal<D>, WalRecovery)> {
+        crate::disk::create_dir_durably(&disk, dir)?;
+        let names = disk
+            .list_files(dir)
+            .map_err(|e| StorageError::io("list directory", dir, e))?;
+        let mut seqs: Vec<u64> = names.iter().filter_map(|n| parse_segment_name(n)).collect();
+        seqs.sort_unstable();
+        // Only the newest contiguous run of segments is the log: anything
+        // older than a gap is left over from an interrupted deletion (the
+        // first segment after the gap holds a checkpoint of every group).
+        let mut run_start = seqs.len();
+        while run_start > 0
+            && (run_start == seqs.len() || seqs[run_start - 1] + 1 == seqs[run_start])
+        {
+            run_start -= 1;
+        }
+        let stale: Vec<u64> = seqs[..run_start].to_vec();
+        let run: Vec<u64> = seqs[run_start..].to_vec();
+
+        let mut report = WalRecovery::default();
+        let mut replay_groups = BTreeMap::new();
+        let mut removed = BTreeSet::new();
+        let mut segments = BTreeMap::new();
+        for (i, &seq) in run.iter().enumerate() {
+            let path = dir.join(segment_name(seq));
+            let is_last = i + 1 == run.len();
+            let buf = Bytes::from(
+                disk.read_all(&path)
+                    .map_err(|e| StorageError::io("read segment", &path, e))?,
+            );
+            let mut replay = Replay {
+                groups: std::mem::take(&mut replay_groups),
+                removed: std::mem::take(&mut removed),
+                path: &path,
+                segment: seq,
+                first_segment: i == 0,
+            };
+            let valid_len = replay_segment(&mut replay, &buf, seq, is_last)?;
+            replay_groups = replay.groups;
+            removed = replay.removed;
+            report.segments_replayed += 1;
+            report.bytes_replayed += valid_len as u64;
+            if valid_len < buf.len() {
+                debug_assert!(is_last);
+                report.truncated_bytes = (buf.len() - valid_len) as u64;
+                report.truncated_file = Some(path.clone());
+            }
+            if is_last && valid_len == 0 {
+                // Not even its header survived: the segment never held data.
+                // Its number is reused below, so the run stays contiguous.
+                disk.remove_file(&path)
+                    .map_err(|e| StorageError::io("remove torn segment", &path, e))?;
+                disk.sync_dir(dir)
+                    .map_err(|e| StorageError::io("sync directory", dir, e))?;
+                continue;
+            }
+            if is_last {
+                // Cut the torn tail, if any, and make the last segment durable
+                // as it is (its tail may have been written but never synced)
+                // before a newer segment exists: only the last segment may
+                // ever have a torn tail.
+                disk.truncate_synced(&path, valid_len as u64)
+                    .map_err(|e| StorageError::io("truncate and sync last segment", &path, e))?;
+            }
+            segments.insert(seq, path);
+        }
+
+        // Reconcile with the snapshots, then check that nothing is missing.
+        let first_path = run
+            .first()
+            .map(|s| dir.join(segment_name(*s)))
+            .unwrap_or_else(|| dir.to_path_buf());
+        for (group, &(index, term)) in snapshots {
+            if removed.contains(group) {
+                // The group was removed after this snapshot was taken; its
+                // files are deleted by the caller (see `removed_groups`).
+                continue;
+            }
+            let g = replay_groups.entry(*group).or_default();
+            if index <= g.base_index {
+                continue;
+            }
+            // The entries after the snapshot are kept only if the log holds
+            // the snapshot's own entry with the same term (or the snapshot
+            // ends exactly where the surviving entries begin).
+            let matches = (index == g.start && index <= g.last())
+                || (index > g.start
+                    && index <= g.last()
+                    && g.entries
+                        .get((index - g.start - 1) as usize)
+                        .map(|e| e.term)
+                        == Some(term));
+            if matches {
+                g.compact(index, term);
+            } else {
+                g.entries.clear();
+                g.locations.clear();
+                g.base_index = index;
+                g.base_term = term;
+                g.start = index;
+            }
+        }
+        for (group, g) in &replay_groups {
+            if g.start > g.base_index {
+                return Err(StorageError::corrupt(
+                    &first_path,
+                    0,
+                    format!(
+                        "group {group}: entries {}..={} are in segments that no longer exist and no snapshot covers them",
+                        g.base_index + 1,
+                        g.start
+                    ),
+                ));
+            }
+        }
+
+        report.removed_groups = removed;
+        let next_seq = match segments.keys().next_back() {
+            Some(last) => last + 1,
+            None => run.last().copied().unwrap_or(1),
+        };
+        let path = dir.join(segment_name(next_seq));
+        let file = disk
+            .create(&path)
+            .map_err(|e| StorageError::io("create segment", &path, e))?;
+        segments.insert(next_seq, path.clone());
+        let mut wal = Wal {
+            disk: disk.clone(),
+            dir: dir.to_path_buf(),
+            options,
+            groups: BTreeMap::new(),
+            segments,
+            current: Current {
+                seq: next_seq,
+                path,
+                file: Arc::new(file),
+                flushed_len: 0,
+                buffer: Vec::new(),
+                dirty: true,
+            },
+            touched: Vec::new(),
+            dir_dirty: true,
+            unsynced_seqs: BTreeMap::new(),
+            sync_in_flight: false,
+            poisoned: None,
+        };
+        for (id, g) in replay_groups {
+            let mut group = Group::new(&wal.options);
+            group.hard_state = g.hard_state;
+            group.base_index = g.base_index;
+            group.base_term = g.base_term;
+            group.terms = g.entries.iter().map(|e| e.term).collect();
+            group.locations = g.locations;
+            let entries: Vec<Entry> = g.entries.into();
+            let cached_from = entries
+                .len()
+                .saturating_sub(wal.options.cache_entries_max_per_group);
+            group.cache.append(&entries[cached_from..]);
+            report.groups.insert(
+                id,
+                RecoveredLog {
+                    hard_state: g.hard_state,
+                    base_index: g.base_index,
+                    base_term: g.base_term,
+                    entries,
+                },
+            );
+            wal.groups.insert(id, group);
+        }
+        wal.write_segment_start()?;
+        for seq in stale {
+            let path = dir.join(segment_name(seq));
+            disk.remove_file(&path)
+                .map_err(|e| StorageError::io("remove stale segment", &path, e))?;
+            report.stale_segments_removed += 1;
+        }
+        Ok((wal, report))
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(StorageError::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn poison<T>(&mut self, err: StorageError) -> Result<T> {
+        if self.poisoned.is_none() {
+            self.poisoned = Some(err.to_string());
+        }
+        Err(err)
+    }
+
+    /// Writes the header and a checkpoint of every group to the (empty) current segment.
+    fn write_segment_start(&mut self) -> Result<()> {
+        debug_assert_eq!(self.current.len(), 0);
+        let mut buf = std::mem::take(&mut self.current.buffer);
+        frame_record(
+            &mut buf,
+            &WalRecord::SegmentHeader {
+                segment: self.current.seq,
+            },
+        );
+        for (id, g) in &self.groups {
+            frame_record(
+                &mut buf,
+                &WalRecord::Checkpoint {
+                    group: *id,
+                    hard_state: g.hard_state,
+                    base_index: g.base_index,
+                    base_term: g.base_term,
+                    last_index: g.last_index(),
+                },
+            );
+        }
+        self.current.buffer = buf;
+        self.current.dirty = true;
+        self.flush_if_full()
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.current.buffer.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.current.file.append(&self.current.buffer) {
+            let err = StorageError::io("write segment", &self.current.path, e);
+            return self.poison(err);
+        }
+        self.current.flushed_len += self.current.buffer.len() as u64;
+        self.current.buffer.clear();
+        Ok(())
+    }
+
+    fn flush_if_full(&mut self) -> Result<()> {
+        if self.current.buffer.len() >= self.options.write_buffer_bytes_max {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> Result<()> {
+        self.flush()?;
+        // Seal the old segment before the next one exists: then only the
+        // last segment can ever have a torn tail, and damage anywhere else
+        // is corruption. One extra sync per segment is cheap.
+        if let Err(e) = self.current.file.sync_data() {
+            let err = StorageError::io("sync segment", &self.current.path, e);
+            return self.poison(err);
+        }
+        let seq = self.current.seq + 1;
+        let path = self.dir.join(segment_name(seq));
+        let file = match self.disk.create(&path) {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                let err = StorageError::io("create segment", &path, e);
+                return self.poison(err);
+            }
+        };
+        let old = std::mem::replace(
+            &mut self.current,
+            Current {
+                seq,
+                path: path.clone(),
+                file,
+                flushed_len: 0,
+                buffer: Vec::new(),
+                dirty: true,
+            },
+        );
+        if old.dirty {
+            self.touched.push(old.file);
+        }
+        self.segments.insert(seq, path);
+        self.dir_dirty = true;
+        self.write_segment_start()
+    }
+
+    /// Writes one record; returns where it starts.
+    fn write_record(&mut self, record: &WalRecord) -> Result<Location> {
+        if self.current.len() >= self.options.segment_size_bytes_max {
+            self.rotate()?;
+        }
+        let at = Location {
+            segment: self.current.seq,
+            offset: self.current.len(),
+        };
+        frame_record(&mut self.current.buffer, record);
+        self.current.dirty = true;
+        self.flush_if_full()?;
+        Ok(at)
+    }
+
+    /// Writes a persist request of `group`: its hard state, if any, and its
+    /// entries, which replace every stored entry from `entries[0].index` on.
+    /// Durable after the next completed sync.
+    pub fn append(&mut self, group: GroupId, request: &PersistRequest) -> Result<()> {
+        self.check()?;
+        let invalid = |reason: String| StorageError::InvalidRequest { group, reason };
+        let (base, last) = match self.groups.get(&group) {
+            Some(g) => (g.base_index, g.last_index()),
+            None => (0, 0),
+        };
+        if let Some(first) = request.entries.first() {
+            if first.index <= base || first.index > last + 1 {
+                return Err(invalid(format!(
+                    "entries from {} cannot follow a log with base {base} and last index {last}",
+                    first.index
+                )));
+            }
+            for pair in request.entries.windows(2) {
+                if pair[1].index != pair[0].index + 1 || pair[1].term < pair[0].term {
+                    return Err(invalid(format!(
+                        "entries {} and {} are not consecutive with non-decreasing terms",
+                        pair[0].index, pair[1].index
+                    )));
+                }
+            }
+            if let Some(e) = request.entries.iter().find(|e| {
+                e.size_bytes() > codec::COMMAND_BYTES_MAX
+                    || matches!(&e.payload, EntryPayload::Config(c) if !codec::config_fits(c))
+            }) {
+                return Err(invalid(format!(
+                    "entry {} of {} bytes exceeds the limit of {} bytes (or its configuration lists more than {} members in one set)",
+                    e.index,
+                    e.size_bytes(),
+                    codec::COMMAND_BYTES_MAX,
+                    codec::CONFIG_MEMBERS_MAX
+                )));
+            }
+        }
+        // Split large requests into records of about the target size; the
+        // hard state goes with the first.
+        // Records stay well under the frame limit: at most one entry (at most
+        // COMMAND_BYTES_MAX) beyond this target.
+        let record_target = self
+            .options
+            .record_size_bytes_target
+            .min(codec::RECORD_BYTES_MAX - codec::COMMAND_BYTES_MAX - 1024);
+        let mut hard_state = request.hard_state;
+        let mut rest: &[Entry] = &request.entries;
+        loop {
+            let mut n = 0;
+            let mut bytes = 0;
+            while n < rest.len() && (n == 0 || bytes + rest[n].size_bytes() <= record_target) {
+                bytes += rest[n].size_bytes();
+                n += 1;
+            }
+            let (chunk, tail) = rest.split_at(n);
+            let record = WalRecord::Persist {
+                group,
+                seq: request.seq,
+                hard_state: hard_state.take(),
+                entries: chunk.to_vec(),
+            };
+            let at = self.write_record(&record)?;
+            // The in-memory state changes only after its record is written:
+            // a rotation inside write_record checkpoints the state as of the
+            // records before this one.
+            let options = &self.options;
+            let g = self
+                .groups
+                .entry(group)
+                .or_insert_with(|| Group::new(options));
+            if let Some(hs) = request.hard_state {
+                g.hard_state = hs;
+            }
+            g.apply_entries(chunk, at);
+            rest = tail;
+            if rest.is_empty() {
+                break;
+            }
+        }
+        self.unsynced_seqs.insert(group, request.seq);
+        Ok(())
+    }
+
+    /// Drops `group`'s entries through `through`, which a snapshot covers.
+    /// Does nothing if they are already gone.
+    pub fn compact(&mut self, group: GroupId, through: Index) -> Result<()> {
+        self.check()?;
+        let g = self
+            .groups
+            .get(&group)
+            .ok_or(StorageError::UnknownGroup(group))?;
+        if through <= g.base_index {
+            return Ok(());
+        }
+        let Some(term) = g.term(through) else {
+            return Err(StorageError::OutOfRange {
+                group,
+                index: through,
+                first: g.base_index + 1,
+                last: g.last_index(),
+            });
+        };
+        self.write_record(&WalRecord::Compact {
+            group,
+            through,
+            term,
+        })?;
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.compact(through, term);
+        }
+        Ok(())
+    }
+
+    /// Replaces `group`'s whole log by an installed snapshot at `index`.
+    /// Creates the group if it is new. Call after the snapshot is durable.
+    pub fn reset_to_snapshot(&mut self, group: GroupId, index: Index, term: Term) -> Result<()> {
+        self.check()?;
+        self.write_record(&WalRecord::ResetToSnapshot { group, index, term })?;
+        let options = self.options.clone();
+        self.groups
+            .entry(group)
+            .or_insert_with(|| Group::new(&options))
+            .reset(index, term);
+        Ok(())
+    }
+
+    /// Forgets `group` (it no longer lives on this node).
+    pub fn remove_group(&mut self, group: GroupId) -> Result<()> {
+        self.check()?;
+        if !self.groups.contains_key(&group) {
+            return Ok(());
+        }
+        self.write_record(&WalRecord::RemoveGroup { group })?;
+        self.groups.remove(&group);
+        self.unsynced_seqs.remove(&group);
+        Ok(())
+    }
+
+    /// Starts a sync of everything written so far. `Ok(None)` if nothing was
+    /// written since the last one.
+    pub fn prepare_sync(&mut self) -> Result<Option<PendingSync<D>>> {
+        self.check()?;
+        if self.sync_in_flight {
+            return Err(StorageError::SyncInFlight);
+        }
+        self.flush()?;
+        if !self.current.dirty && self.touched.is_empty() && !self.dir_dirty {
+            return Ok(None);
+        }
+        let mut files = std::mem::take(&mut self.touched);
+        if self.current.dirty {
+            files.push(self.current.file.clone());
+        }
+        let oldest_live = self
+            .groups
+            .values()
+            .filter_map(|g| g.locations.front().map(|l| l.segment))
+            .min()
+            .unwrap_or(self.current.seq);
+        let pending = PendingSync {
+            disk: self.disk.clone(),
+            files,
+            dir: self.dir_dirty.then(|| self.dir.clone()),
+            seqs: std::mem::take(&mut self.unsynced_seqs),
+            delete_below: oldest_live.min(self.current.seq),
+        };
+        self.current.dirty = false;
+        self.dir_dirty = false;
+        self.sync_in_flight = true;
+        Ok(Some(pending))
+    }
+
+    /// Finishes a sync with the outcome of [`PendingSync::execute`]. Returns
+    /// the highest durable persist sequence number of each group it covered,
+    /// and deletes segments no group needs any more.
+    pub fn complete_sync(
+        &mut self,
+        pending: PendingSync<D>,
+        outcome: std::io::Result<()>,
+    ) -> Result<BTreeMap<GroupId, u64>> {
+        self.sync_in_flight = false;
+        self.check()?;
+        if let Err(e) = outcome {
+            let err = StorageError::io("sync", &self.dir, e);
+            return self.poison(err);
+        }
+        let old: Vec<u64> = self
+            .segments
+            .range(..pending.delete_below)
+            .map(|(s, _)| *s)
+            .collect();
+        for seq in old {
+            if let Some(path) = self.segments.remove(&seq) {
+                if let Err(e) = self.disk.remove_file(&path) {
+                    let err = StorageError::io("remove old segment", &path, e);
+                    return self.poison(err);
+                }
+            }
+        }
+        Ok(pending.seqs)
+    }
+
+    /// Writes and syncs everything written so far: prepare, execute and
+    /// complete in one call.
+    pub fn sync(&mut self) -> Result<BTreeMap<GroupId, u64>> {
+        match self.prepare_sync()? {
+            None => Ok(BTreeMap::new()),
+            Some(pending) => {
+                let outcome = pending.execute();
+                self.complete_sync(pending, outcome)
+            }
+        }
+    }
+
+    /// The groups with state in the log.
+    pub fn groups(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.groups.keys().copied()
+    }
+
+    /// The latest hard state written for `group`.
+    pub fn hard_state(&self, group: GroupId) -> Option<HardState> {
+        self.groups.get(&group).map(|g| g.hard_state)
+    }
+
+    /// The first index `group`'s log holds (one past its base; the log may be empty).
+    pub fn first_index(&self, group: GroupId) -> Option<Index> {
+        self.groups.get(&group).map(|g| g.base_index + 1)
+    }
+
+    /// The last index of `group`'s log (its base if the log is empty).
+    pub fn last_index(&self, group: GroupId) -> Option<Index> {
+        self.groups.get(&group).map(Group::last_index)
+    }
+
+    /// The term of `group`'s entry at `index` (or at its base), if known.
+    pub fn term(&self, group: GroupId, index: Index) -> Option<Term> {
+        self.groups.get(&group)?.term(index)
+    }
+
+    /// Segments on disk (for tests and monitoring).
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Entries `lo..hi` of `group`, stopping once `size_bytes_max` is
+    /// reached (always at least one). Served from the cache when it holds
+    /// them, otherwise read from the segments.
+    pub fn entries(
+        &self,
+        group: GroupId,
+        lo: Index,
+        hi: Index,
+        size_bytes_max: u64,
+    ) -> Result<Vec<Entry>> {
+        self.check()?;
+        let g = self
+            .groups
+            .get(&group)
+            .ok_or(StorageError::UnknownGroup(group))?;
+        let (first, last) = (g.base_index + 1, g.last_index());
+        if lo >= hi {
+            return Ok(Vec::new());
+        }
+        for index in [lo, hi - 1] {
+            if index < first || index > last {
+                return Err(StorageError::OutOfRange {
+                    group,
+                    index,
+                    first,
+                    last,
+                });
+            }
+        }
+        if let Some(hit) = g.cache.get(lo, hi, size_bytes_max) {
+            return Ok(hit);
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        let mut index = lo;
+        while index < hi {
+            let Some(loc) = g.locations.get((index - first) as usize).copied() else {
+                break;
+            };
+            let record = self.read_record(loc)?;
+            let WalRecord::Persist { entries, .. } = record else {
+                return Err(StorageError::corrupt(
+                    self.segment_path(loc.segment),
+                    loc.offset,
+                    "expected a record of entries",
+                ));
+            };
+            let Some(rec_first) = entries.first().map(|e| e.index) else {
+                return Err(StorageError::corrupt(
+                    self.segment_path(loc.segment),
+                    loc.offset,
+                    "record of entries is empty",
+                ));
+            };
+            let before = index;
+            for e in entries
+                .into_iter()
+                .skip(index.saturating_sub(rec_first) as usize)
+            {
+                if index >= hi {
+                    break;
+                }
+                // The record may also hold entries that a later record
+                // replaced: only the ones still located here are live.
+                if e.index != index || g.locations.get((index - first) as usize) != Some(&loc) {
+                    break;
+                }
+                bytes += e.size_bytes();
+                if !out.is_empty() && bytes > size_bytes_max {
+                    return Ok(out);
+                }
+                out.push(e);
+                index += 1;
+            }
+            if index == before {
+                return Err(StorageError::corrupt(
+                    self.segment_path(loc.segment),
+                    loc.offset,
+                    format!("record does not hold entry {index} of group {group}"),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn segment_path(&self, seq: u64) -> PathBuf {
+        self.segments
+            .get(&seq)
+            .cloned()
+            .unwrap_or_else(|| self.dir.join(segment_name(seq)))
+    }
+
+    fn read_record(&self, loc: Location) -> Result<WalRecord> {
+        let path = self.segment_path(loc.segment);
+        let frame = if loc.segment == self.current.seq && loc.offset >= self.current.flushed_len {
+            let at = (loc.offset - self.current.flushed_len) as usize;
+            let Some(header) = self.current.buffer.get(at..at + FRAME_HEADER_BYTES) else {
+                return Err(StorageError::corrupt(
+                    &path,
+                    loc.offset,
+                    "record missing from the write buffer",
+                ));
+            };
+            let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            match self.current.buffer.get(at..at + FRAME_HEADER_BYTES + len) {
+                Some(f) => f.to_vec(),
+                None => {
+                    return Err(StorageError::corrupt(
+                        &path,
+                        loc.offset,
+                        "record cut short in the write buffer",
+                    ))
+                }
+            }
+        } else {
+            let mut header = [0u8; FRAME_HEADER_BYTES];
+            self.disk
+                .read_exact_at(&path, loc.offset, &mut header)
+                .map_err(|e| StorageError::io("read segment", &path, e))?;
+            let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as u64;
+            if len > codec::RECORD_BYTES_MAX {
+                return Err(StorageError::corrupt(
+                    &path,
+                    loc.offset,
+                    format!("record length {len} is too large"),
+                ));
+            }
+            let mut frame = vec![0u8; FRAME_HEADER_BYTES + len as usize];
+            self.disk
+                .read_exact_at(&path, loc.offset, &mut frame)
+                .map_err(|e| StorageError::io("read segment", &path, e))?;
+            frame
+        };
+        match read_frame(&frame, 0) {
+            FrameRead::Valid { start, end } => {
+                WalRecord::decode(Bytes::copy_from_slice(&frame[start..end]))
+                    .map_err(|e| StorageError::corrupt(&path, loc.offset, e.to_string()))
+            }
+            other => Err(StorageError::corrupt(
+                &path,
+                loc.offset,
+                format!("record failed verification on read: {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Where the first valid record at or after `from` in `buf` starts, if any.
+fn valid_record_after(buf: &[u8], from: usize) -> Option<usize> {
+    (from..buf.len().saturating_sub(FRAME_HEADER_BYTES - 1)).find(|&at| match read_frame(buf, at) {
+        FrameRead::Valid { start, end } => {
+            WalRecord::decode(Bytes::copy_from_slice(&buf[start..end])).is_ok()
+        }
+        _ => false,
+    })
+}
+
+/// Replays one segment; returns the length of its valid prefix (shorter
+/// than the buffer only for a torn tail of the last segment).
+fn replay_segment(replay: &mut Replay<'_>, data: &Bytes, seq: u64, is_last: bool) -> Result<usize> {
+    let buf: &[u8] = data;
+    if buf.is_empty() && !is_last {
+        return Err(replay.corrupt(0, "segment is empty: its header is missing"));
+    }
+    let mut at = 0usize;
+    while at < buf.len() {
+        let (start, end) = match read_frame(buf, at) {
+            FrameRead::Valid { start, end } => (start, end),
+            bad => {
+                // A torn write damages only the end of the last segment.
+                // If a valid record follows the damage we call it
+                // corruption: out-of-order page writeback of an unsynced
+                // batch could in theory look like that, but refusing to start
+                // is the safe side, while cutting synced records would
+                // silently lose acknowledged writes.
+                let torn = is_last && valid_record_after(buf, at + 1).is_none();
+                if torn {
+                    return Ok(at);
+                }
+                let reason = match bad {
+                    FrameRead::Incomplete => "segment ends inside a record".to_string(),
+                    FrameRead::BadLength(len) => format!("record length {len} is too large"),
+                    FrameRead::BadChecksum { .. } => "record checksum mismatch".to_string(),
+                    FrameRead::Valid { .. } => "unreachable".to_string(),
+                };
+                return Err(replay.corrupt(at as u64, reason));
+            }
+        };
+        let record = WalRecord::decode(data.slice(start..end))
+            .map_err(|e| replay.corrupt(at as u64, e.to_string()))?;
+        if at == 0 {
+            match record {
+                WalRecord::SegmentHeader { segment } if segment == seq => {}
+                other => {
+                    return Err(replay.corrupt(
+                        0,
+                        format!("segment does not start with its header: {other:?}"),
+                    ));
+                }
+            }
+        } else {
+            replay.apply(record, at as u64)?;
+        }
+        at = end;
+    }
+    Ok(at)
+}

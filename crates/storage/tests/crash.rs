@@ -1,0 +1,449 @@
+//! Crash tests at every write boundary: a small run over the simulated disk
+//! is cut after N units of work (one per byte written, one per sync, create,
+//! rename or remove), for every N, and recovered under each crash mode.
+//! Everything acknowledged as durable must come back intact, and nothing is
+//! invented: the recovered state is exactly the state after some prefix of
+//! the operations, no shorter than the acknowledged one.
+
+mod common;
+
+use common::*;
+use ferry_raft::{Configuration, HardState, PersistRequest, SnapshotMeta};
+use ferry_storage::{CrashMode, Disk, SimDisk, Storage, StorageError, WalOptions};
+
+fn options() -> WalOptions {
+    WalOptions {
+        // One record per request, so that every recoverable state is the
+        // state after a whole operation.
+        record_size_bytes_target: 1 << 20,
+        ..small_options()
+    }
+}
+
+/// The script, and the model state after each prefix of it (`states[i]` is
+/// the state after the first `i` operations).
+fn script() -> (Vec<Op>, Vec<Model>) {
+    let mut ops = Vec::new();
+    let mut model = Model::new();
+    let mut states = vec![model.clone()];
+    let mut seq = 0;
+    let mut push = |op: Op, model: &mut Model, states: &mut Vec<Model>| {
+        match &op {
+            Op::Append(g, r) => model.entry(*g).or_default().persist(r),
+            Op::Sync | Op::Compact(..) => {}
+            Op::SaveSnapshot(g, m, d) | Op::Install(g, m, d) => {
+                model.entry(*g).or_default().snapshot(m.clone(), d.clone())
+            }
+            Op::Remove(g) => {
+                model.remove(g);
+            }
+        }
+        ops.push(op);
+        states.push(model.clone());
+    };
+    for round in 1..=7u64 {
+        for g in 1..=3u64 {
+            if round == 7 && g == 2 {
+                continue;
+            }
+            let last = model.get(&g).map_or(0, |m| m.last_index());
+            // Group 2 replaces its last entry every other round.
+            let first = if g == 2 && round % 2 == 0 && last > 1 {
+                last
+            } else {
+                last + 1
+            };
+            let n = 1 + (round + g) % 3;
+            let entries = (first..first + n).map(|i| entry(i, round, g)).collect();
+            seq += 1;
+            let hs = (round % 2 == 1).then_some(HardState {
+                term: round,
+                vote: Some(g),
+                commit: last.saturating_sub(1),
+            });
+            push(
+                Op::Append(
+                    g,
+                    PersistRequest {
+                        seq,
+                        hard_state: hs,
+                        entries,
+                    },
+                ),
+                &mut model,
+                &mut states,
+            );
+        }
+        push(Op::Sync, &mut model, &mut states);
+        if round == 3 || round == 6 {
+            let m = &model[&1];
+            let at = m.last_index() - 1;
+            let term = m
+                .entries
+                .iter()
+                .find(|e| e.index == at)
+                .map(|e| e.term)
+                .unwrap_or(0);
+            let meta = SnapshotMeta {
+                index: at,
+                term,
+                config: Configuration::with_voters([1, 2, 3]),
+            };
+            push(
+                Op::SaveSnapshot(1, meta, snapshot_data(1, at, 300)),
+                &mut model,
+                &mut states,
+            );
+            push(Op::Compact(1, at), &mut model, &mut states);
+        }
+        if round == 4 {
+            let at = model[&3].last_index() + 5;
+            let meta = SnapshotMeta {
+                index: at,
+                term: round + 1,
+                config: Configuration::with_voters([3, 4, 5]),
+            };
+            push(
+                Op::Install(3, meta, snapshot_data(3, at, 200)),
+                &mut model,
+                &mut states,
+            );
+            push(Op::Sync, &mut model, &mut states);
+        }
+        if round == 6 {
+            push(Op::Remove(2), &mut model, &mut states);
+            push(Op::Sync, &mut model, &mut states);
+        }
+    }
+    (ops, states)
+}
+
+fn dir() -> std::path::PathBuf {
+    std::path::PathBuf::from("/node")
+}
+
+/// Runs the script until the disk fails. Returns (acknowledged, started):
+/// the state index that is known durable, and the number of operations begun.
+/// A sync acknowledges everything before it; so do a local snapshot and a
+/// group removal (both durable on return). An installed snapshot is
+/// acknowledged by the next sync, as the runtime must wait for it.
+fn run(disk: &SimDisk, ops: &[Op]) -> (usize, usize) {
+    let mut s = match Storage::open(disk.clone(), &dir(), options()) {
+        Ok((s, _)) => s,
+        Err(_) => return (0, 0),
+    };
+    let mut acked = 0;
+    for (i, op) in ops.iter().enumerate() {
+        match apply(&mut s, op) {
+            Ok(()) => {
+                if matches!(op, Op::Sync | Op::SaveSnapshot(..) | Op::Remove(..)) {
+                    acked = i + 1;
+                }
+            }
+            Err(_) => return (acked, i + 1),
+        }
+    }
+    (acked, ops.len())
+}
+
+/// Opens the storage and checks that it holds `states[j]` for some `j` in
+/// `acked..=started`. Returns the storage and `j`.
+fn check_recovery(
+    disk: &SimDisk,
+    states: &[Model],
+    acked: usize,
+    started: usize,
+    what: &str,
+) -> (Storage<SimDisk>, usize, u64) {
+    let (s, report) = Storage::open(disk.clone(), &dir(), options())
+        .unwrap_or_else(|e| panic!("{what}: recovery failed: {e}"));
+    let mut errors = Vec::new();
+    for (j, state) in states.iter().enumerate().take(started + 1).skip(acked) {
+        match matches_model(&s, &report.groups, state) {
+            Ok(()) => return (s, j, report.wal.truncated_bytes),
+            Err(e) => errors.push(format!("  state {j}: {e}")),
+        }
+    }
+    panic!(
+        "{what}: recovered state matches no state in {acked}..={started}\n{}",
+        errors.join("\n")
+    );
+}
+
+/// After recovery the storage must keep working: a new synced entry
+/// survives the next crash.
+fn check_usable(mut s: Storage<SimDisk>, disk: &SimDisk, what: &str) {
+    let last = s.wal.last_index(1).unwrap_or(0);
+    let req = PersistRequest {
+        seq: 1000,
+        hard_state: None,
+        entries: vec![entry(last + 1, 50, 1)],
+    };
+    s.wal.append(1, &req).unwrap();
+    s.wal.sync().unwrap();
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (s, report) = Storage::open(disk.clone(), &dir(), options())
+        .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+    assert_eq!(
+        report.groups[&1].entries.last(),
+        Some(&req.entries[0]),
+        "{what}"
+    );
+    assert_eq!(s.wal.last_index(1), Some(last + 1));
+}
+
+#[test]
+fn every_write_boundary_recovers_what_was_acknowledged() {
+    let (ops, states) = script();
+    let clean = SimDisk::with_seed(0);
+    let (acked, started) = run(&clean, &ops);
+    assert_eq!(
+        (acked, started),
+        (ops.len(), ops.len()),
+        "the clean run finishes"
+    );
+    let total = clean.units_used();
+    assert!(
+        total > 2000,
+        "the run is big enough to be interesting: {total} units"
+    );
+    clean.crash(CrashMode::LoseUnsynced);
+    let (s, j, _) = check_recovery(&clean, &states, ops.len(), ops.len(), "clean");
+    assert_eq!(j, ops.len());
+    drop(s);
+
+    let modes = [
+        CrashMode::LoseUnsynced,
+        CrashMode::KeepWritten,
+        CrashMode::TornUnsynced,
+    ];
+    let mut truncations = 0;
+    for n in 0..=total {
+        for mode in modes {
+            let disk = SimDisk::with_seed(n);
+            disk.set_fault_budget(Some(n));
+            let (acked, started) = run(&disk, &ops);
+            disk.crash(mode);
+            let what =
+                format!("crash after {n} units ({mode:?}), acked {acked}, started {started}");
+            let (s, _, cut) = check_recovery(&disk, &states, acked, started, &what);
+            drop(s);
+            if cut > 0 {
+                truncations += 1;
+            }
+            // A crash during recovery itself must not lose anything either.
+            if n % 13 == 0 {
+                for k in 0..12 {
+                    disk.set_fault_budget(Some(k));
+                    let opened = Storage::open(disk.clone(), &dir(), options());
+                    drop(opened);
+                    disk.crash(mode);
+                    let what = format!("{what}, then during recovery after {k} units");
+                    let (s, _, _) = check_recovery(&disk, &states, acked, started, &what);
+                    drop(s);
+                }
+            }
+            let (s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+            drop(s);
+            disk.crash(mode);
+            let (s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+            check_usable(s, &disk, &what);
+        }
+    }
+    // Sanity: the loop did see torn writes (otherwise the test tests little).
+    eprintln!(
+        "{total} write boundaries x {} crash modes; {truncations} recoveries cut a torn tail",
+        modes.len()
+    );
+    assert!(truncations > 100, "{truncations}");
+}
+
+#[test]
+fn torn_tails_are_reported() {
+    let (ops, _) = script();
+    let mut seen = 0;
+    for n in (100..3000).step_by(37) {
+        let disk = SimDisk::with_seed(n);
+        disk.set_fault_budget(Some(n));
+        run(&disk, &ops);
+        disk.crash(CrashMode::KeepWritten);
+        let (_, report) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+        if report.wal.truncated_bytes > 0 {
+            seen += 1;
+            let file = report.wal.truncated_file.unwrap();
+            assert!(file.starts_with(dir().join("wal")));
+        }
+    }
+    assert!(seen > 10, "torn writes are cut and reported ({seen})");
+}
+
+#[test]
+fn a_failed_sync_poisons_the_log() {
+    let disk = SimDisk::with_seed(1);
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+    s.wal
+        .append(
+            1,
+            &PersistRequest {
+                seq: 1,
+                hard_state: None,
+                entries: vec![entry(1, 1, 1)],
+            },
+        )
+        .unwrap();
+    disk.set_fault_budget(Some(0));
+    assert!(matches!(s.wal.sync(), Err(StorageError::Io { .. })));
+    let err = s
+        .wal
+        .append(
+            1,
+            &PersistRequest {
+                seq: 2,
+                hard_state: None,
+                entries: vec![entry(2, 1, 1)],
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, StorageError::Poisoned(_)), "{err}");
+    assert!(matches!(s.wal.sync(), Err(StorageError::Poisoned(_))));
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (_, report) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+    assert!(report.groups.get(&1).is_none_or(|g| g.entries.is_empty()));
+    let _ = disk.list_files(&dir());
+}
+
+#[test]
+fn random_scripts_crashed_at_random_boundaries() {
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+    let modes = [
+        CrashMode::LoseUnsynced,
+        CrashMode::KeepWritten,
+        CrashMode::TornUnsynced,
+    ];
+    let mut checks = 0;
+    // FERRY_STORAGE_CRASH_SEEDS runs a longer soak.
+    let seeds: u64 = std::env::var("FERRY_STORAGE_CRASH_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    for seed in 0..seeds {
+        let (ops, states) = random_script(seed);
+        let clean = SimDisk::with_seed(seed);
+        let (acked, started) = run(&clean, &ops);
+        assert_eq!(started, ops.len(), "seed {seed}: clean run");
+        clean.crash(CrashMode::LoseUnsynced);
+        let (s, _, _) = check_recovery(
+            &clean,
+            &states,
+            acked,
+            started,
+            &format!("seed {seed}: clean"),
+        );
+        drop(s);
+        let total = clean.units_used();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for _ in 0..12 {
+            let n = rng.next_u64() % (total + 1);
+            let mode = modes[(rng.next_u64() % 3) as usize];
+            let disk = SimDisk::with_seed(seed ^ n);
+            disk.set_fault_budget(Some(n));
+            let (acked, started) = run(&disk, &ops);
+            disk.crash(mode);
+            let what = format!("seed {seed}: crash after {n} of {total} units ({mode:?}), acked {acked}, started {started}");
+            let (s, _, _) = check_recovery(&disk, &states, acked, started, &what);
+            drop(s);
+            disk.crash(mode);
+            let (s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+            check_usable(s, &disk, &what);
+            checks += 1;
+        }
+    }
+    assert_eq!(checks, seeds * 12);
+}
+
+#[test]
+fn an_io_error_on_sync_poisons_the_log_and_nothing_unsynced_is_reported() {
+    let disk = SimDisk::with_seed(2);
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), WalOptions::default()).unwrap();
+    let req = |seq: u64| PersistRequest {
+        seq,
+        hard_state: None,
+        entries: vec![entry(seq, 1, 1)],
+    };
+    s.wal.append(1, &req(1)).unwrap();
+    assert_eq!(s.wal.sync().unwrap()[&1], 1);
+    s.wal.append(1, &req(2)).unwrap();
+    disk.fail_next_syncs(1);
+    let err = s.wal.sync().unwrap_err();
+    assert!(matches!(err, StorageError::Io { .. }), "{err}");
+    // The disk works again, but the log must not retry: the kernel may have
+    // dropped the pages that failed to sync.
+    assert!(matches!(s.wal.sync(), Err(StorageError::Poisoned(_))));
+    assert!(matches!(
+        s.wal.append(1, &req(3)),
+        Err(StorageError::Poisoned(_))
+    ));
+    assert!(matches!(
+        s.wal.entries(1, 1, 2, u64::MAX),
+        Err(StorageError::Poisoned(_))
+    ));
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (_, report) = Storage::open(disk.clone(), &dir(), WalOptions::default()).unwrap();
+    assert_eq!(report.groups[&1].entries, vec![entry(1, 1, 1)]);
+}
+
+#[test]
+fn slow_syncs_are_observable_and_the_next_batch_fills_meanwhile() {
+    let disk = SimDisk::new(ferry_storage::SimDiskOptions {
+        seed: 5,
+        sync_latency_ticks_min: 3,
+        sync_latency_ticks_max: 9,
+    });
+    // Large segments: every sync is one file sync (plus the directory once).
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), WalOptions::default()).unwrap();
+    disk.take_sync_ticks();
+    let mut durable = std::collections::BTreeMap::new();
+    let mut in_flight: Option<(u64, ferry_storage::PendingSync<SimDisk>)> = None;
+    let mut now = 0u64;
+    let mut next_seq = 1u64;
+    // Simulated time: one append per tick; a sync completes `latency` ticks
+    // after it starts, and the next one starts as soon as it completes.
+    while now < 200 {
+        let req = PersistRequest {
+            seq: next_seq,
+            hard_state: None,
+            entries: vec![entry(next_seq, 1, 1)],
+        };
+        s.wal.append(1, &req).unwrap();
+        next_seq += 1;
+        if let Some((done_at, _)) = &in_flight {
+            if *done_at <= now {
+                let (_, pending) = in_flight.take().unwrap();
+                durable.extend(s.wal.complete_sync(pending, Ok(())).unwrap());
+            }
+        }
+        if in_flight.is_none() {
+            if let Some(pending) = s.wal.prepare_sync().unwrap() {
+                pending.execute().unwrap();
+                let latency = disk.take_sync_ticks();
+                assert!((3..=18).contains(&latency), "{latency}");
+                in_flight = Some((now + latency, pending));
+            }
+        }
+        now += 1;
+    }
+    let covered = durable[&1];
+    assert!(
+        covered > 170,
+        "syncs kept up by batching: {covered} of {next_seq}"
+    );
+    assert!(covered < next_seq - 1, "the last batch is still in flight");
+    // Everything reported durable survives a crash.
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (_, report) = Storage::open(disk.clone(), &dir(), WalOptions::default()).unwrap();
+    assert!(report.groups[&1].entries.len() as u64 >= covered);
+}
