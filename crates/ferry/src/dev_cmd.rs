@@ -62,7 +62,10 @@ fn spawn(node: &DevNode, members: &[String], dir: &Path) -> std::io::Result<Chil
     for member in members {
         command.arg("--member").arg(member);
     }
-    command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
     command.spawn()
 }
 
@@ -73,7 +76,11 @@ async fn status(url: &str) -> Option<(u64, u64)> {
         .connect_timeout(Duration::from_millis(300))
         .timeout(Duration::from_millis(500));
     let channel = endpoint.connect().await.ok()?;
-    let response = MaintenanceClient::new(channel).status(StatusRequest {}).await.ok()?.into_inner();
+    let response = MaintenanceClient::new(channel)
+        .status(StatusRequest {})
+        .await
+        .ok()?
+        .into_inner();
     Some((response.leader, response.raft_term))
 }
 
@@ -90,17 +97,24 @@ async fn leader(nodes: &[DevNode]) -> Option<(u64, u64)> {
 }
 
 /// Asks a child to stop cleanly (SIGTERM), then kills it if it lingers.
-fn stop(child: &mut Child, grace: Duration) {
-    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+/// Returns whether it stopped by itself with success.
+fn stop(child: &mut Child, grace: Duration) -> bool {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) => {}
+            Err(_) => return false,
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
     let _ = child.wait();
+    false
 }
 
 /// Runs `ferry dev` until Ctrl-C.
@@ -114,7 +128,12 @@ pub fn run(args: DevArgs) -> ExitCode {
     };
     let mut nodes: Vec<DevNode> = NODES
         .iter()
-        .map(|&(id, client_port, peer_port)| DevNode { id, client_port, peer_port, child: None })
+        .map(|&(id, client_port, peer_port)| DevNode {
+            id,
+            client_port,
+            peer_port,
+            child: None,
+        })
         .collect();
     let members: Vec<String> = nodes
         .iter()
@@ -152,7 +171,10 @@ pub fn run(args: DevArgs) -> ExitCode {
                 break Some(found);
             }
             if reap(&mut nodes) == nodes.len() {
-                eprintln!("ferry dev: every node exited; see {}/node*.log", args.dir.display());
+                eprintln!(
+                    "ferry dev: every node exited; see {}/node*.log",
+                    args.dir.display()
+                );
                 return ExitCode::FAILURE;
             }
             if Instant::now() > deadline {
@@ -168,11 +190,23 @@ pub fn run(args: DevArgs) -> ExitCode {
         if let Some((leader_id, term)) = current {
             println!("ferry dev: node {leader_id} is the leader (term {term})");
         }
-        let endpoints: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.client_port)).collect();
+        let endpoints: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.client_port))
+            .collect();
         println!("ferry dev: endpoints {}", endpoints.join(","));
-        println!("ferry dev: logs in {}/node{{1,2,3}}.log", args.dir.display());
-        println!("ferry dev: try  etcdctl --endpoints={} put greeting hello", endpoints.join(","));
-        println!("ferry dev:      etcdctl --endpoints={} get greeting", endpoints.join(","));
+        println!(
+            "ferry dev: logs in {}/node{{1,2,3}}.log",
+            args.dir.display()
+        );
+        println!(
+            "ferry dev: try  etcdctl --endpoints={} put greeting hello",
+            endpoints.join(",")
+        );
+        println!(
+            "ferry dev:      etcdctl --endpoints={} get greeting",
+            endpoints.join(",")
+        );
         println!("ferry dev: Ctrl-C stops every node");
         loop {
             tokio::select! {
@@ -183,8 +217,12 @@ pub fn run(args: DevArgs) -> ExitCode {
             let now = leader(&nodes).await;
             if now.map(|(id, _)| id) != current.map(|(id, _)| id) {
                 match now {
-                    Some((id, term)) => println!("ferry dev: node {id} is the leader (term {term})"),
-                    None => println!("ferry dev: no leader right now (an election may be under way)"),
+                    Some((id, term)) => {
+                        println!("ferry dev: node {id} is the leader (term {term})")
+                    }
+                    None => {
+                        println!("ferry dev: no leader right now (an election may be under way)")
+                    }
                 }
                 current = now;
             }
@@ -192,13 +230,26 @@ pub fn run(args: DevArgs) -> ExitCode {
         ExitCode::SUCCESS
     });
     println!("ferry dev: stopping every node");
+    let mut all_clean = true;
     for node in &mut nodes {
         if let Some(child) = node.child.as_mut() {
-            stop(child, Duration::from_secs(10));
+            if !stop(child, Duration::from_secs(10)) {
+                eprintln!(
+                    "ferry dev: node {} did not stop cleanly; see {}/node{}.log",
+                    node.id,
+                    args.dir.display(),
+                    node.id
+                );
+                all_clean = false;
+            }
         }
     }
     println!("ferry dev: stopped; run it again to resume the same cluster");
-    outcome
+    if all_clean {
+        outcome
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// Notices nodes that exited, says so, and returns how many are gone.

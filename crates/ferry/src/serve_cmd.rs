@@ -49,6 +49,19 @@ pub struct ServeArgs {
     /// (followers far behind are sent the snapshot). [default: 10000]
     #[arg(long, value_name = "ENTRIES")]
     pub snapshot_entries: Option<u64>,
+    /// Join a running cluster instead of founding one. First add this node
+    /// with `etcdctl member add NAME --peer-urls=http://PEER_ADDR [--learner]`
+    /// and start it with the id that call printed (in decimal), an empty
+    /// data directory, and `--member` for this node and at least one
+    /// current member. It learns the log and the configuration from the
+    /// leader. On later restarts the flag is ignored: the data directory
+    /// already knows the cluster.
+    #[arg(long)]
+    pub join: bool,
+    /// Log entries kept behind a snapshot, so that a follower a little
+    /// behind is sent those entries rather than the whole snapshot. [default: 1000]
+    #[arg(long, value_name = "ENTRIES")]
+    pub compaction_lag_entries: Option<u64>,
 }
 
 /// The TOML form of [`ServeArgs`].
@@ -64,6 +77,8 @@ struct ServeFile {
     cluster_id: Option<String>,
     tick_ms: Option<u64>,
     snapshot_entries: Option<u64>,
+    compaction_lag_entries: Option<u64>,
+    join: Option<bool>,
 }
 
 /// Parses `ID=PEER_ADDR,CLIENT_URL`.
@@ -83,11 +98,17 @@ fn parse_member(text: &str) -> Result<(u64, MemberAddrs), String> {
         .ok_or_else(|| format!("member {text:?}: expected ID=PEER_ADDR,CLIENT_URL"))?;
     let client_url = client_url.trim().to_string();
     if !client_url.starts_with("http://") {
-        return Err(format!("member {text:?}: the client URL must start with http://"));
+        return Err(format!(
+            "member {text:?}: the client URL must start with http://"
+        ));
     }
     Ok((
         id,
-        MemberAddrs { name: format!("ferry-{id}"), peer_addr: peer_addr.trim().to_string(), client_url },
+        MemberAddrs {
+            name: format!("ferry-{id}"),
+            peer_addr: peer_addr.trim().to_string(),
+            client_url,
+        },
     ))
 }
 
@@ -101,16 +122,32 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
             toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?
         }
     };
-    let id = args.id.or(file.id).ok_or("--id is required (a nonzero integer unique in the cluster)")?;
+    let id = args
+        .id
+        .or(file.id)
+        .ok_or("--id is required (a nonzero integer unique in the cluster)")?;
     if id == 0 {
         return Err("--id must be nonzero".into());
     }
-    let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("ferry-data"));
+    let data_dir = args
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("ferry-data"));
     let default_client = SocketAddr::from(([127, 0, 0, 1], 2379));
     let default_peer = SocketAddr::from(([127, 0, 0, 1], 2380));
-    let listen_client = args.listen_client.or(file.listen_client).unwrap_or(default_client);
-    let listen_peer = args.listen_peer.or(file.listen_peer).unwrap_or(default_peer);
-    let member_texts = if args.member.is_empty() { file.member } else { args.member };
+    let listen_client = args
+        .listen_client
+        .or(file.listen_client)
+        .unwrap_or(default_client);
+    let listen_peer = args
+        .listen_peer
+        .or(file.listen_peer)
+        .unwrap_or(default_peer);
+    let member_texts = if args.member.is_empty() {
+        file.member
+    } else {
+        args.member
+    };
     let mut members = BTreeMap::new();
     for text in &member_texts {
         let (member_id, addrs) = parse_member(text)?;
@@ -129,7 +166,10 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
         );
     }
     if !members.contains_key(&id) {
-        return Err(format!("this node's id {id} is not among the members {:?}", members.keys().collect::<Vec<_>>()));
+        return Err(format!(
+            "this node's id {id} is not among the members {:?}",
+            members.keys().collect::<Vec<_>>()
+        ));
     }
     let mut config = NodeConfig::new(id, data_dir, listen_client, listen_peer, members);
     if let Some(hex) = args.cluster_id.or(file.cluster_id) {
@@ -144,6 +184,10 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     }
     if let Some(entries) = args.snapshot_entries.or(file.snapshot_entries) {
         config.snapshot_interval_entries = entries.max(1);
+    }
+    config.join = args.join || file.join.unwrap_or(false);
+    if let Some(entries) = args.compaction_lag_entries.or(file.compaction_lag_entries) {
+        config.compaction_lag_entries = entries;
     }
     Ok(config)
 }
@@ -182,13 +226,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
             data = %data_dir.display(),
             "serving"
         );
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                eprintln!("ferry serve: cannot listen for SIGTERM: {error}");
-                return ExitCode::FAILURE;
-            }
-        };
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(error) => {
+                    eprintln!("ferry serve: cannot listen for SIGTERM: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
             _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
@@ -212,8 +257,12 @@ mod tests {
         assert_eq!(id, 2);
         assert_eq!(addrs.peer_addr, "127.0.0.1:22380");
         assert_eq!(addrs.client_url, "http://127.0.0.1:22379");
-        assert!(parse_member("x=a,http://b").unwrap_err().contains("not a positive integer"));
-        assert!(parse_member("0=a,http://b").unwrap_err().contains("start at 1"));
+        assert!(parse_member("x=a,http://b")
+            .unwrap_err()
+            .contains("not a positive integer"));
+        assert!(parse_member("0=a,http://b")
+            .unwrap_err()
+            .contains("start at 1"));
         assert!(parse_member("1=a").unwrap_err().contains("expected"));
         assert!(parse_member("1=a,b").unwrap_err().contains("http://"));
     }
@@ -225,12 +274,18 @@ mod tests {
             member: vec!["1=127.0.0.1:1,http://127.0.0.1:2".into()],
             ..ServeArgs::default()
         };
-        assert!(node_config(args).unwrap_err().contains("not among the members"));
+        assert!(node_config(args)
+            .unwrap_err()
+            .contains("not among the members"));
     }
 
     #[test]
     fn a_lone_node_founds_a_cluster_of_itself() {
-        let config = node_config(ServeArgs { id: Some(1), ..ServeArgs::default() }).unwrap();
+        let config = node_config(ServeArgs {
+            id: Some(1),
+            ..ServeArgs::default()
+        })
+        .unwrap();
         assert_eq!(config.members.keys().copied().collect::<Vec<_>>(), vec![1]);
         assert_eq!(config.client_listen.port(), 2379);
     }

@@ -95,6 +95,10 @@ fn replay(seed: u64, nodes: Option<usize>, trace: bool) -> ExitCode {
         report.end_us
     );
     let _ = writeln!(out, "coverage: {summary}");
+    let config = ferry_sim::SimConfig::random(seed, nodes);
+    let _ = writeln!(out, "engine: {:?}", config.engine);
+    let _ = writeln!(out, "network: {:?}", config.net);
+    let _ = writeln!(out, "faults: {:?}", config.faults);
     match &report.failure {
         None => {
             let _ = writeln!(out, "seeds=1 passed=1 failed=0");

@@ -7,8 +7,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_server::pb::etcdserverpb::kv_client::KvClient;
+use ferry_server::pb::etcdserverpb::lease_client::LeaseClient;
 use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
-use ferry_server::pb::etcdserverpb::{PutRequest, RangeRequest, StatusRequest};
+use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
+use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
+use ferry_server::pb::etcdserverpb::{
+    LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
+    StatusRequest, WatchCreateRequest, WatchRequest,
+};
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 /// A free port on loopback (bound, then released for the node to take).
@@ -32,10 +39,16 @@ struct Cluster {
     nodes: Vec<Node>,
     members: Vec<String>,
     dir: PathBuf,
+    /// Flags given to every `ferry serve`, after the common ones.
+    extra_args: Vec<String>,
 }
 
 impl Cluster {
     fn new(name: &str, size: u64) -> Cluster {
+        Cluster::with_args(name, size, &[])
+    }
+
+    fn with_args(name: &str, size: u64, extra_args: &[&str]) -> Cluster {
         let dir = std::env::temp_dir().join(format!("ferry-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -61,6 +74,7 @@ impl Cluster {
             nodes,
             members,
             dir,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         for id in 1..=size {
             cluster.start(id);
@@ -89,6 +103,7 @@ impl Cluster {
         for member in &self.members {
             command.args(["--member", member]);
         }
+        command.args(&self.extra_args);
         command
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -343,5 +358,421 @@ async fn a_whole_cluster_restarts_from_disk_with_every_acknowledged_write() {
             get(&cluster, 1 + (i % 3), &format!("k{i}")).await,
             Some(format!("v{i}"))
         );
+    }
+}
+
+/// A connected channel to node `id`, retrying while it starts.
+async fn connect(cluster: &Cluster, id: u64) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(channel) = channel(&cluster.url(id)).await {
+            return channel;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {id} unreachable\n{}",
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A serializable (local) get through node `id`: what that node has applied.
+async fn local_get(cluster: &Cluster, id: u64, key: &str) -> Option<String> {
+    let request = RangeRequest {
+        key: key.into(),
+        serializable: true,
+        ..Default::default()
+    };
+    let response = KvClient::new(connect(cluster, id).await)
+        .range(request)
+        .await
+        .unwrap_or_else(|status| panic!("local get {key} via node {id}: {status}"));
+    response
+        .into_inner()
+        .kvs
+        .first()
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+}
+
+/// A follower among `live`, given the leader.
+fn a_follower(leader: u64, live: &[u64]) -> u64 {
+    *live.iter().find(|id| **id != leader).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_keep_alive_through_a_follower_keeps_the_lease_and_expiry_deletes_everywhere() {
+    let cluster = Cluster::new("lease", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let follower = a_follower(leader, &[1, 2, 3]);
+    let mut leases = LeaseClient::new(connect(&cluster, follower).await);
+    let granted = leases
+        .lease_grant(LeaseGrantRequest { ttl: 2, id: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(granted.ttl, 2);
+    let lease_id = granted.id;
+    KvClient::new(connect(&cluster, follower).await)
+        .put(PutRequest {
+            key: "leased".into(),
+            value: "v".into(),
+            lease: lease_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    // Renew through the follower for twice the TTL, one stream as etcdctl does.
+    let (requests, receiver) = tokio::sync::mpsc::channel(4);
+    let mut answers = leases
+        .lease_keep_alive(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let renewing_until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < renewing_until {
+        requests
+            .send(LeaseKeepAliveRequest { id: lease_id })
+            .await
+            .unwrap();
+        let answer = answers.message().await.unwrap().unwrap();
+        assert_eq!(answer.id, lease_id);
+        assert_eq!(
+            answer.ttl, 2,
+            "keep-alive through the follower renews the full TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(requests);
+    for id in 1..=3 {
+        assert_eq!(
+            get(&cluster, id, "leased").await.as_deref(),
+            Some("v"),
+            "the lease outlived its TTL thanks to keep-alives (node {id})"
+        );
+    }
+    let ttl = leases
+        .lease_time_to_live(LeaseTimeToLiveRequest {
+            id: lease_id,
+            keys: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ttl.ttl > 0 && ttl.ttl <= 2, "remaining TTL {}", ttl.ttl);
+    assert_eq!(ttl.granted_ttl, 2);
+    assert_eq!(ttl.keys, vec![b"leased".to_vec()]);
+
+    // No more renewals: the leader expires the lease, and the deletion of
+    // its key reaches every node's own state.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for id in 1..=3 {
+        while local_get(&cluster, id, "leased").await.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the key of the expired lease is still on node {id}\n{}",
+                cluster.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let ttl = leases
+        .lease_time_to_live(LeaseTimeToLiveRequest {
+            id: lease_id,
+            keys: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        ttl.ttl, -1,
+        "an expired lease reports TTL -1 through the follower"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_follower_sees_every_event_once_in_order_across_a_leader_change() {
+    let mut cluster = Cluster::new("watch-failover", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let watched = a_follower(leader, &[1, 2, 3]);
+    let writer = *[1, 2, 3]
+        .iter()
+        .find(|id| **id != leader && **id != watched)
+        .unwrap();
+
+    let (requests, receiver) = tokio::sync::mpsc::channel(4);
+    requests
+        .send(WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: b"w/".to_vec(),
+                range_end: b"w0".to_vec(),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+    let mut events = WatchClient::new(connect(&cluster, watched).await)
+        .watch(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let created = events.message().await.unwrap().unwrap();
+    assert!(created.created);
+
+    const WRITES: usize = 60;
+    let mut revisions = Vec::new();
+    for i in 0..WRITES {
+        if i == WRITES / 3 {
+            // The leader dies in the middle of the writes.
+            cluster.kill(leader);
+        }
+        // Through the remaining follower; `put` retries during the election,
+        // so a write may land twice: the watch must still show each revision once.
+        put(&cluster, writer, &format!("w/{i:03}"), &i.to_string()).await;
+    }
+    let new_leader = wait_for_leader(&cluster, &[watched, writer]).await;
+    assert_ne!(new_leader, leader);
+
+    let mut seen_keys = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen_keys.len() < WRITES {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let response = tokio::time::timeout(remaining, events.message())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "watch saw {} of {WRITES} keys\n{}",
+                    seen_keys.len(),
+                    cluster.log()
+                )
+            })
+            .unwrap()
+            .unwrap();
+        assert!(
+            !response.canceled,
+            "watch canceled: {}",
+            response.cancel_reason
+        );
+        for event in response.events {
+            let kv = event.kv.unwrap();
+            revisions.push(kv.mod_revision);
+            seen_keys.insert(String::from_utf8(kv.key).unwrap());
+        }
+    }
+    // Revisions strictly increase (no duplicate, in order) and have no gap:
+    // every revision in between belongs to our prefix, since nothing else is written.
+    for pair in revisions.windows(2) {
+        assert_eq!(
+            pair[1],
+            pair[0] + 1,
+            "watch revisions must be consecutive: {revisions:?}"
+        );
+    }
+    // And the watch agrees with what the store holds.
+    for i in 0..WRITES {
+        assert_eq!(
+            get(&cluster, watched, &format!("w/{i:03}")).await,
+            Some(i.to_string())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_with_sigterm_restarts_with_everything_acknowledged() {
+    let mut cluster = Cluster::new("sigterm", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    for i in 0..30 {
+        put(&cluster, leader, &format!("t{i}"), &format!("v{i}")).await;
+    }
+    // A clean stop of the leader (exit status checked), then writes go on.
+    cluster.stop(leader);
+    let live: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    wait_for_leader(&cluster, &live).await;
+    for i in 30..40 {
+        put(&cluster, live[0], &format!("t{i}"), &format!("v{i}")).await;
+    }
+    // Every node stopped with SIGTERM, then restarted from its disk.
+    for id in &live {
+        cluster.stop(*id);
+    }
+    for id in 1..=3 {
+        cluster.start(id);
+    }
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    for i in 0..40 {
+        assert_eq!(
+            get(&cluster, leader, &format!("t{i}")).await,
+            Some(format!("v{i}")),
+            "t{i} through the node first stopped"
+        );
+    }
+    // Serializable reads on every node see everything once it has caught up.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for id in 1..=3 {
+        while local_get(&cluster, id, "t39").await.as_deref() != Some("v39") {
+            assert!(Instant::now() < deadline, "node {id} did not catch up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A big value whose content says which key it belongs to.
+fn big_value(i: usize, size_bytes: usize) -> Vec<u8> {
+    let stamp = format!("big-{i:04}:");
+    stamp.bytes().cycle().take(size_bytes).collect()
+}
+
+/// Seed 000 at the process level: a follower that is receiving a large
+/// snapshot answers every put and get it is sent correctly (forwarding
+/// writes, holding linearizable reads until it has caught up), and then
+/// holds the whole state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_receiving_a_large_snapshot_answers_every_request_and_catches_up() {
+    const BIG_VALUES: usize = 80;
+    const BIG_VALUE_BYTES: usize = 1 << 20;
+    let mut cluster = Cluster::with_args(
+        "big-snapshot",
+        3,
+        &["--snapshot-entries", "16", "--compaction-lag-entries", "4"],
+    );
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let lagging = a_follower(leader, &[1, 2, 3]);
+    cluster.kill(lagging);
+    // 80 MiB of state, written while the follower is down: the leader takes
+    // snapshots and compacts its log, so the follower can only catch up by
+    // receiving a snapshot of the whole state.
+    let mut kv = KvClient::new(connect(&cluster, leader).await).max_decoding_message_size(8 << 20);
+    for i in 0..BIG_VALUES {
+        kv.put(PutRequest {
+            key: format!("big/{i:04}").into_bytes(),
+            value: big_value(i, BIG_VALUE_BYTES),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|status| panic!("big put {i}: {status}\n{}", cluster.log()));
+    }
+    cluster.start(lagging);
+    let started = Instant::now();
+
+    // A watcher notes when the follower's own state holds the last big value.
+    let caught_up_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let poller = {
+        let caught_up_at = caught_up_at.clone();
+        let mut local = KvClient::new(connect(&cluster, lagging).await);
+        let last_key = format!("big/{:04}", BIG_VALUES - 1).into_bytes();
+        tokio::spawn(async move {
+            while started.elapsed() < Duration::from_secs(60) {
+                let request = RangeRequest {
+                    key: last_key.clone(),
+                    serializable: true,
+                    keys_only: true,
+                    ..Default::default()
+                };
+                if let Ok(response) = local.range(request).await {
+                    if response.into_inner().kvs.len() == 1 {
+                        *caught_up_at.lock().unwrap() = Some(Instant::now());
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+
+    // Client traffic to the lagging follower from the moment it is up.
+    let mut follower =
+        KvClient::new(connect(&cluster, lagging).await).max_decoding_message_size(8 << 20);
+    let mut sent_at = Vec::new();
+    let mut j = 0usize;
+    while caught_up_at.lock().unwrap().is_none() || sent_at.len() < 40 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the follower did not catch up within 60 s\n{}",
+            cluster.log()
+        );
+        let key = format!("small/{j}");
+        sent_at.push(Instant::now());
+        follower
+            .put(PutRequest {
+                key: key.clone().into_bytes(),
+                value: j.to_string().into_bytes(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|status| {
+                panic!(
+                    "put {key} via the lagging follower: {status}\n{}",
+                    cluster.log()
+                )
+            });
+        sent_at.push(Instant::now());
+        let read = follower
+            .range(RangeRequest {
+                key: key.clone().into_bytes(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|status| {
+                panic!(
+                    "get {key} via the lagging follower: {status}\n{}",
+                    cluster.log()
+                )
+            })
+            .into_inner();
+        assert_eq!(read.kvs.len(), 1, "linearizable get {key} after its put");
+        assert_eq!(read.kvs[0].value, j.to_string().into_bytes());
+        let big = j % BIG_VALUES;
+        sent_at.push(Instant::now());
+        let read = follower
+            .range(RangeRequest {
+                key: format!("big/{big:04}").into_bytes(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|status| {
+                panic!(
+                    "get big/{big:04} via the lagging follower: {status}\n{}",
+                    cluster.log()
+                )
+            })
+            .into_inner();
+        assert_eq!(read.kvs.len(), 1, "linearizable get big/{big:04}");
+        assert!(
+            read.kvs[0].value == big_value(big, BIG_VALUE_BYTES),
+            "the value of big/{big:04}"
+        );
+        j += 1;
+    }
+    poller.await.unwrap();
+    let caught_up_at = caught_up_at.lock().unwrap().unwrap();
+    let sent_while_catching_up = sent_at.iter().filter(|at| **at < caught_up_at).count();
+    eprintln!(
+        "big snapshot: {} requests answered right, {sent_while_catching_up} of them sent while the follower was catching up; caught up {:?} after its restart",
+        sent_at.len(),
+        caught_up_at - started
+    );
+    assert!(
+        sent_while_catching_up >= 1,
+        "the test must send requests while the follower catches up"
+    );
+    let log = std::fs::read_to_string(cluster.dir.join(format!("node{lagging}.log"))).unwrap();
+    assert!(
+        log.contains("installed a snapshot from the leader"),
+        "the follower should have caught up through a snapshot\n{}",
+        cluster.log()
+    );
+    // Its own state holds everything, the big values included.
+    for i in (0..BIG_VALUES).step_by(7) {
+        let local = follower
+            .range(RangeRequest {
+                key: format!("big/{i:04}").into_bytes(),
+                serializable: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(local.kvs.len() == 1 && local.kvs[0].value == big_value(i, BIG_VALUE_BYTES));
     }
 }

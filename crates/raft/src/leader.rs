@@ -271,7 +271,16 @@ impl RaftNode {
                 .leader_state_mut()
                 .and_then(|s| s.progress.get_mut(&peer))
             {
+                // Probe right after the snapshot being sent: if the follower
+                // installed it (its answer lost), this append succeeds and
+                // replication resumes without any snapshot report; if not,
+                // its rejection says where it is.
+                let snapshot_index = match &progress.state {
+                    ReplicationState::Snapshot(transfer) => transfer.meta.index,
+                    ReplicationState::Probe { .. } | ReplicationState::Replicate => 0,
+                };
                 progress.become_probe();
+                progress.next_index = progress.next_index.max(snapshot_index + 1);
             }
             self.send_append(peer, true, actions);
         }

@@ -95,9 +95,10 @@
 //!
 //! ### The lease's clock assumption
 //!
-//! With check-quorum, a follower that heard from the leader less than
-//! `election_timeout_ticks` of *its own* ticks ago refuses to vote for
-//! anyone else (unless the leader itself asked, by leadership transfer).
+//! A follower that heard from the leader less than `election_timeout_ticks`
+//! of *its own* ticks ago refuses to vote for anyone else (unless the leader
+//! itself asked, by leadership transfer); check-quorum makes a leader that
+//! lost its quorum step down, so a deposed leader does not keep serving.
 //! The leader therefore owns the group until `election_timeout_ticks` after
 //! the moment it *sent* a heartbeat round that a quorum answered. The leader
 //! measures that time in its own ticks and keeps a margin: a lease lasts
@@ -153,10 +154,15 @@
 //! Notes on the `-` cells (inputs that need no action, and why that is safe):
 //!
 //! * `RequestVote (newer term)` on a follower, learner, removed node or
-//!   leader: with check-quorum, a node that heard from a leader within the
-//!   election timeout ignores the request (its term does not change); the
-//!   candidate's election timer retries. Without a leader (pre-candidate,
-//!   candidate) the vote is decided normally.
+//!   leader: a node that heard from a leader within the election timeout
+//!   ignores the request (its term does not change), unless it is a
+//!   leadership transfer; pre-votes are refused. This is the Raft
+//!   dissertation's rule against disruptive servers and holds whether or
+//!   not check-quorum is on: a member that missed a configuration change
+//!   would otherwise adopt the ever higher terms of a removed node and
+//!   depose every new leader. The candidate's election timer retries.
+//!   Without a leader (pre-candidate, candidate) the vote is decided
+//!   normally.
 //! * Answers (`RequestVoteResponse`, `AppendResponse`, `HeartbeatResponse`,
 //!   `SnapshotChunkAck`, `SnapshotResponse`) reaching a node not waiting for
 //!   them (not campaigning, not leading, or no transfer to that peer): they

@@ -358,8 +358,9 @@ impl RaftNode {
                     transfer,
                     ..
                 } if self.in_leader_lease() && !transfer => {
-                    // Check-quorum: we heard from a leader within the election
-                    // timeout. Ignoring is safe; the candidate's timer retries.
+                    // We heard from a leader within the election timeout
+                    // (see in_leader_lease). Ignoring is safe; the
+                    // candidate's timer retries.
                     return;
                 }
                 MessageBody::Append { .. }
@@ -686,12 +687,16 @@ impl RaftNode {
         self.randomized_election_timeout = u32::try_from(base + extra).unwrap_or(u32::MAX);
     }
 
-    /// With check-quorum, a node that heard from a leader within the
-    /// election timeout refuses to help depose it.
+    /// A node that heard from a leader within the election timeout refuses
+    /// to help depose it (Raft dissertation §4.2.3): it neither grants nor
+    /// adopts the term of vote requests, unless the leader itself asked for
+    /// the election (transfer). This holds with check-quorum off too: a
+    /// member that missed a configuration change (it still counts a removed
+    /// node as a voter) would otherwise adopt that node's ever higher terms
+    /// and depose every new leader. Check-quorum additionally makes a leader
+    /// that lost its quorum step down, so followers stop granting it a lease.
     pub(crate) fn in_leader_lease(&self) -> bool {
-        self.options.check_quorum
-            && self.leader.is_some()
-            && self.election_elapsed < self.options.election_timeout_ticks
+        self.leader.is_some() && self.election_elapsed < self.options.election_timeout_ticks
     }
 
     /// Whether `id` votes in the configuration in force or in the newest

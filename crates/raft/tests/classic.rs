@@ -254,7 +254,11 @@ fn candidate_with_shorter_log_loses() {
         }) => Some(*granted),
         _ => None,
     });
-    assert_eq!(answer, Some(false));
+    assert_eq!(
+        answer,
+        Some(false),
+        "a vote went to a candidate with a shorter log"
+    );
 }
 
 #[test]

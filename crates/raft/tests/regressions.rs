@@ -205,18 +205,21 @@ fn not_leader_refusal_of_a_duplicate_forward_does_not_resend_the_write() {
 
 /// Found by the simulator (seed 13566, pre-vote and check-quorum off): a
 /// voter removed while it was cut off never learns of its removal and
-/// campaigns forever with ever higher terms, deposing every new leader.
-/// Vote requests from nodes outside the known configuration are ignored.
+/// campaigns forever with ever higher terms. Members ignore vote requests
+/// from nodes outside every configuration they know, so its terms do not
+/// spread: not while a leader is alive, and not during the election that
+/// follows the leader's loss either (when no leader lease protects them).
 #[test]
 fn removed_node_that_never_learned_it_cannot_disrupt_the_group() {
-    let mut c = Cluster::with_options(&[1, 2, 3], |id| {
+    let ids = [1u64, 2, 3, 4, 5];
+    let mut c = Cluster::with_options(&ids, |id| {
         let mut o = ferry_raft::testing::test_options(id);
         o.pre_vote = false;
         o.check_quorum = false;
         o
     });
     let leader = c.elect();
-    let victim = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    let victim = ids.into_iter().find(|&n| n != leader).unwrap();
     c.isolate(victim);
     let r = c.request(
         leader,
@@ -233,10 +236,10 @@ fn removed_node_that_never_learned_it_cannot_disrupt_the_group() {
         !c.raft(victim).is_removed(),
         "the victim never heard of its removal"
     );
-    assert!(c.raft(victim).term() > c.raft(leader).term() + 5);
     let term = c.raft(leader).term();
+    assert!(c.raft(victim).term() > term + 5);
     c.heal();
-    for _ in 0..200 {
+    for _ in 0..100 {
         c.tick_all();
     }
     assert_eq!(
@@ -245,4 +248,114 @@ fn removed_node_that_never_learned_it_cannot_disrupt_the_group() {
         "the removed node deposed the leader"
     );
     assert_eq!(c.raft(leader).term(), term);
+    // The leader fails: the members elect a new one among themselves, and
+    // the victim's terms still do not spread to them.
+    c.nodes.get_mut(&leader).unwrap().up = false;
+    let victim_term = c.raft(victim).term();
+    assert!(c.run_until(300, |c| c.leader().is_some_and(|l| l != leader)));
+    let new = c.leader().unwrap();
+    assert_ne!(new, victim);
+    assert!(
+        c.raft(new).term() < victim_term,
+        "the removed node's term spread to the members"
+    );
+}
+
+/// Found by the simulator (seeds 698 and 18400, pre-vote and check-quorum
+/// off): a removed node that never learned of its removal kept raising the
+/// term of a lagging follower (which still counted it as a voter), and that
+/// follower then deposed every new leader. A node that follows a live
+/// leader ignores newer-term vote requests (Raft dissertation §4.2.3), with
+/// check-quorum off too; without a live leader it adopts the term as usual
+/// (seed 5389: terms must keep converging).
+#[test]
+fn stale_candidate_does_not_raise_the_term_of_a_follower_with_a_live_leader() {
+    use bytes::Bytes;
+    use ferry_raft::testing::test_options;
+    use ferry_raft::{
+        Action, Entry, EntryPayload, HardState, Input, Message, RaftNode, RestoredState,
+    };
+    let make = || {
+        let mut options = test_options(1);
+        options.pre_vote = false;
+        options.check_quorum = false;
+        let entries = (1..=5)
+            .map(|index| Entry {
+                index,
+                term: 1,
+                payload: EntryPayload::Command(Bytes::from_static(b"x")),
+            })
+            .collect();
+        let restored = RestoredState {
+            hard_state: HardState {
+                term: 1,
+                vote: None,
+                commit: 5,
+            },
+            entries,
+            applied: 5,
+            ..RestoredState::bootstrap([1, 2, 3])
+        };
+        RaftNode::new(options, restored, 1).unwrap()
+    };
+    let vote = Input::Message(Message {
+        group: 1,
+        from: 3,
+        to: 1,
+        term: 9,
+        body: MessageBody::RequestVote {
+            pre_vote: false,
+            last_log_index: 2,
+            last_log_term: 1,
+            transfer: false,
+        },
+    });
+    // With a live leader: ignored, term unchanged.
+    let mut node = make();
+    let mut actions = Vec::new();
+    let heartbeat = MessageBody::Heartbeat {
+        leader_commit: 5,
+        read_seq: 0,
+    };
+    node.step(
+        Input::Message(Message {
+            group: 1,
+            from: 2,
+            to: 1,
+            term: 1,
+            body: heartbeat,
+        }),
+        &mut actions,
+    );
+    node.step(vote.clone(), &mut actions);
+    assert_eq!(node.term(), 1);
+    assert_eq!(node.leader(), Some(2));
+    // Also when the candidate's log is more up to date than ours.
+    let up_to_date = Input::Message(Message {
+        group: 1,
+        from: 3,
+        to: 1,
+        term: 9,
+        body: MessageBody::RequestVote {
+            pre_vote: false,
+            last_log_index: 50,
+            last_log_term: 8,
+            transfer: false,
+        },
+    });
+    node.step(up_to_date, &mut actions);
+    assert_eq!(node.term(), 1);
+    // Without a leader: the term is adopted (and the vote refused).
+    let mut node = make();
+    let mut actions = Vec::new();
+    node.step(vote, &mut actions);
+    node.step(Input::Persisted { seq: 1 }, &mut actions);
+    assert_eq!(node.term(), 9);
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        Action::Send(Message {
+            body: MessageBody::RequestVoteResponse { granted: false, .. },
+            ..
+        })
+    )));
 }

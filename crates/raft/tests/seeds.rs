@@ -290,3 +290,33 @@ fn seed_004_lost_installed_answer_is_recovered_over_the_wire() {
     });
     assert!(stale, "recovery went through the follower's Stale answer");
 }
+
+/// Seed 004 with every snapshot report lost (the simulator's NOTE-SIM-5):
+/// the leader must not depend on the report at all. After its chunk
+/// timeouts it probes with an append right after the snapshot index, which
+/// the follower that installed the snapshot accepts.
+#[test]
+fn seed_004_every_snapshot_report_lost_still_resumes_replication() {
+    let (mut c, leader, follower, snapshot_index) = lagging_follower();
+    c.heal();
+    let no_reports = |m: &Message| !matches!(m.body, MessageBody::SnapshotResponse { .. });
+    let r = c.propose(leader, "after");
+    let Some(Ok(Response::Proposed { index, .. })) = c.response(leader, r).cloned() else {
+        panic!()
+    };
+    let timeout = ferry_raft::testing::test_options(1).snapshot_chunk_timeout_ticks as usize;
+    let mut ticks = 0;
+    while c.node(follower).applied_index < index {
+        ticks += 1;
+        assert!(
+            ticks < 5 * timeout,
+            "replication never resumed without snapshot reports"
+        );
+        let ids: Vec<u64> = c.nodes.keys().copied().collect();
+        for id in ids {
+            c.step(id, Input::Tick);
+        }
+        c.deliver_filtered(no_reports);
+    }
+    assert!(c.node(follower).applied_index >= snapshot_index);
+}

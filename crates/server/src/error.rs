@@ -138,6 +138,9 @@ pub enum ApiError {
     /// The membership change would leave the cluster without a quorum.
     #[error("etcdserver: re-configuration failed due to not enough started members")]
     NotEnoughMembers,
+    /// The request is malformed in a way the state machine does not check.
+    #[error("ferry: invalid argument: {0}")]
+    InvalidArgument(&'static str),
     /// ferry does not offer this call.
     #[error("ferry: {0} is not supported")]
     Unimplemented(&'static str),
@@ -178,6 +181,7 @@ impl From<ApiError> for tonic::Status {
             ApiError::MemberNotLearner | ApiError::LearnerNotReady | ApiError::NotEnoughMembers => {
                 Code::FailedPrecondition
             }
+            ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::Unimplemented(_) => Code::Unimplemented,
             ApiError::Internal(_) => Code::Internal,
         };

@@ -79,6 +79,8 @@ pub enum CommandResponse {
     LeaseGrant(LeaseGrantResponse),
     /// Answer to a lease revoke.
     LeaseRevoke(LeaseRevokeResponse),
+    /// A member's addresses were recorded.
+    MemberRecorded,
     /// The leases an expiry command actually removed.
     LeaseExpire {
         /// Ids of removed leases.
@@ -108,6 +110,8 @@ pub struct KvState {
     lease_id_next: i64,
     applied_index: u64,
     limits: KvLimits,
+    /// Where members added at run time can be reached, by id.
+    members: BTreeMap<u64, ferrypb::MemberRecordCommand>,
 }
 
 /// A write transaction in progress: one revision, ops numbered in order.
@@ -135,6 +139,7 @@ impl KvState {
             lease_id_next: 1,
             applied_index: 0,
             limits,
+            members: BTreeMap::new(),
         }
     }
 
@@ -187,7 +192,8 @@ impl KvState {
             Some(CommandKind::Compact(_))
             | Some(CommandKind::LeaseGrant(_))
             | Some(CommandKind::LeaseRevoke(_))
-            | Some(CommandKind::LeaseExpire(_)) => Ok(()),
+            | Some(CommandKind::LeaseExpire(_))
+            | Some(CommandKind::MemberRecord(_)) => Ok(()),
         }
     }
 
@@ -286,6 +292,24 @@ impl KvState {
                 Ok(CommandResponse::LeaseRevoke(LeaseRevokeResponse {
                     header: None,
                 }))
+            }
+            Some(CommandKind::MemberRecord(record)) => {
+                let entry = self.members.entry(record.id).or_insert_with(|| {
+                    ferrypb::MemberRecordCommand {
+                        id: record.id,
+                        ..Default::default()
+                    }
+                });
+                for (field, new) in [
+                    (&mut entry.name, &record.name),
+                    (&mut entry.peer_addr, &record.peer_addr),
+                    (&mut entry.client_url, &record.client_url),
+                ] {
+                    if !new.is_empty() {
+                        field.clone_from(new);
+                    }
+                }
+                Ok(CommandResponse::MemberRecorded)
             }
             Some(CommandKind::LeaseExpire(LeaseExpireCommand { ids })) => {
                 let mut expired_ids = Vec::new();
@@ -650,6 +674,7 @@ impl KvState {
                     granted_ttl_seconds: record.granted_ttl_seconds,
                 })
                 .collect(),
+            members: self.members.values().cloned().collect(),
         };
         let mut bytes = Vec::with_capacity(SNAPSHOT_MAGIC.len() + snapshot.encoded_len() + 4);
         bytes.extend_from_slice(SNAPSHOT_MAGIC);
@@ -723,7 +748,13 @@ impl KvState {
             lease_id_next: snapshot.lease_id_next,
             applied_index: snapshot.applied_index,
             limits,
+            members: snapshot.members.into_iter().map(|m| (m.id, m)).collect(),
         })
+    }
+
+    /// Where members added at run time can be reached, by id.
+    pub fn member_records(&self) -> &BTreeMap<u64, ferrypb::MemberRecordCommand> {
+        &self.members
     }
 }
 
@@ -818,6 +849,7 @@ fn with_revision(response: CommandResponse, revision: i64) -> CommandResponse {
             expired_ids,
             revision,
         },
+        CommandResponse::MemberRecorded => CommandResponse::MemberRecorded,
     }
 }
 

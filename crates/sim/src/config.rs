@@ -171,6 +171,21 @@ impl EngineConfig {
     }
 }
 
+/// A deliberate runtime bug, to show that the checks catch its class
+/// (used by the simulator's own tests; never on in real runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sabotage {
+    /// The runtime does what it promises.
+    #[default]
+    None,
+    /// Report writes durable as soon as they are written, before any sync:
+    /// the durability checks must object.
+    PersistedBeforeSync,
+    /// Answer reads from the contact node's state machine at once, without
+    /// ReadIndex: the linearizability check must object.
+    LocalReads,
+}
+
 /// Everything that shapes one run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
@@ -209,6 +224,8 @@ pub struct SimConfig {
     pub peer_connected_events: bool,
     /// Whether to record a trace.
     pub trace: bool,
+    /// A deliberate runtime bug (tests of the checks only).
+    pub sabotage: Sabotage,
 }
 
 impl SimConfig {
@@ -236,6 +253,7 @@ impl SimConfig {
             connect_window_max_us: rng.range(0, 3) * TICK_US,
             peer_connected_events: true,
             trace: false,
+            sabotage: Sabotage::None,
         }
     }
 
@@ -259,6 +277,7 @@ impl SimConfig {
             connect_window_max_us: 0,
             peer_connected_events: true,
             trace: false,
+            sabotage: Sabotage::None,
         }
     }
 

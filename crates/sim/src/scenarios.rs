@@ -69,8 +69,8 @@ pub struct ScenarioOptions {
     /// a link becomes ready (nothing re-sends what was lost).
     pub without_peer_connected: bool,
     /// `stale-snapshot-hint-zero`: every snapshot report from the follower
-    /// is lost (what raft-rs did with them), so the leader can leave its
-    /// snapshot state only by its own timeout.
+    /// is lost (raft-rs never accepted them over the network), so the
+    /// leader must leave its snapshot state by its own timeout.
     pub drop_snapshot_reports: bool,
 }
 
@@ -79,16 +79,17 @@ pub fn run_scenario(
     name: &str,
     options: ScenarioOptions,
 ) -> Result<ScenarioReport, UnknownScenario> {
-    let run: fn(&mut Simulation, &mut Vec<String>, ScenarioOptions) -> Result<(), String> = match name {
-        "snapshot-requests" => snapshot_requests,
-        "lost-leader-announcement" => lost_leader_announcement,
-        "stale-snapshot-hint-zero" => stale_snapshot_hint_zero,
-        _ => {
-            return Err(UnknownScenario {
-                name: name.to_string(),
-            })
-        }
-    };
+    let run: fn(&mut Simulation, &mut Vec<String>, ScenarioOptions) -> Result<(), String> =
+        match name {
+            "snapshot-requests" => snapshot_requests,
+            "lost-leader-announcement" => lost_leader_announcement,
+            "stale-snapshot-hint-zero" => stale_snapshot_hint_zero,
+            _ => {
+                return Err(UnknownScenario {
+                    name: name.to_string(),
+                })
+            }
+        };
     let mut config = match name {
         "snapshot-requests" => snapshot_requests_config(),
         "lost-leader-announcement" => lost_leader_announcement_config(),
@@ -194,7 +195,11 @@ fn snapshot_requests_config() -> SimConfig {
     config
 }
 
-fn snapshot_requests(sim: &mut Simulation, notes: &mut Vec<String>, _: ScenarioOptions) -> Result<(), String> {
+fn snapshot_requests(
+    sim: &mut Simulation,
+    notes: &mut Vec<String>,
+    _: ScenarioOptions,
+) -> Result<(), String> {
     let leader = wait_for_leader(sim)?;
     let follower = if leader == 1 { 2 } else { 1 };
     let ids = sim.config().all_ids();
@@ -320,7 +325,11 @@ fn lost_leader_announcement_config() -> SimConfig {
     config
 }
 
-fn lost_leader_announcement(sim: &mut Simulation, notes: &mut Vec<String>, _: ScenarioOptions) -> Result<(), String> {
+fn lost_leader_announcement(
+    sim: &mut Simulation,
+    notes: &mut Vec<String>,
+    _: ScenarioOptions,
+) -> Result<(), String> {
     let ids = sim.config().all_ids();
     // Node 3 starts cut off; 1 and 2 elect a leader without it.
     sim.partition(Partition::isolate(&ids, 3));

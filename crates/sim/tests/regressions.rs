@@ -18,7 +18,10 @@ fn assert_seed_passes(seed: u64) {
 }
 
 fn elect(sim: &mut Simulation) -> u64 {
-    assert!(sim.run_until_true(300 * TICK_US, TICK_US, |s| s.leader().is_some()), "no leader");
+    assert!(
+        sim.run_until_true(300 * TICK_US, TICK_US, |s| s.leader().is_some()),
+        "no leader"
+    );
     sim.leader().unwrap()
 }
 
@@ -41,12 +44,17 @@ fn duplicated_forwards_are_applied_once() {
         let next = sim.now_us() + TICK_US;
         sim.run_until(next);
     }
-    let done = sim.run_until_true(200 * TICK_US, TICK_US, |s| tags.iter().all(|t| s.probe_response(*t).is_some()));
+    let done = sim.run_until_true(200 * TICK_US, TICK_US, |s| {
+        tags.iter().all(|t| s.probe_response(*t).is_some())
+    });
     assert!(done, "not every write was answered");
     assert!(sim.run_liveness(), "{:?}", sim.failure());
     assert!(sim.failure().is_none(), "{:?}", sim.failure());
     for tag in tags {
-        assert!(matches!(sim.probe_response(tag), Some(Ok(Response::Proposed { .. }))));
+        assert!(matches!(
+            sim.probe_response(tag),
+            Some(Ok(Response::Proposed { .. }))
+        ));
     }
     assert_eq!(sim.machine(follower).and_then(|m| m.get(0)), Some(119));
 }
@@ -65,11 +73,19 @@ fn removed_node_does_not_deny_a_forwarded_write() {
     }));
     let write = sim.scenario_write(3, 777);
     let tag = sim.submit(follower, Request::Propose(write));
-    let applied = sim.run_until_true(100 * TICK_US, TICK_US, |s| s.machine(leader).and_then(|m| m.get(3)) == Some(777));
+    let applied = sim.run_until_true(100 * TICK_US, TICK_US, |s| {
+        s.machine(leader).and_then(|m| m.get(3)) == Some(777)
+    });
     assert!(applied, "the forwarded write was not applied");
-    let remove = sim.submit(leader, Request::ChangeMembership(MembershipChange::Remove(follower)));
+    let remove = sim.submit(
+        leader,
+        Request::ChangeMembership(MembershipChange::Remove(follower)),
+    );
     let answered = sim.run_until_true(300 * TICK_US, TICK_US, |s| s.probe_response(tag).is_some());
-    assert!(sim.probe_response(remove).is_some(), "the removal was not answered");
+    assert!(
+        sim.probe_response(remove).is_some(),
+        "the removal was not answered"
+    );
     assert!(answered, "the forwarded write was never answered");
     let answer = sim.probe_response(tag).cloned();
     match answer {
@@ -104,4 +120,11 @@ fn seed_521_ack_carries_current_term() {
 #[test]
 fn seed_1524_duplicate_forward_after_step_down() {
     assert_seed_passes(1524);
+}
+
+/// BUG-SIM-6: a removed voter that never learned of its removal must not
+/// keep the group from converging (pre-vote and check-quorum both off).
+#[test]
+fn seed_108534_removed_voter_does_not_livelock() {
+    assert_seed_passes(108534);
 }

@@ -26,32 +26,7 @@ fn random_seeds_with_all_faults() {
         failures.join("\n")
     );
     // Every fault and edge the simulator injects was reached by some seed.
-    for counter in [
-        Counter::SnapshotInstalled,
-        Counter::RequestWhileReceivingSnapshot,
-        Counter::StaleSnapshot,
-        Counter::RejectHintTermZero,
-        Counter::LeaderChangedDuringMembershipChange,
-        Counter::PartitionHealed,
-        Counter::OneWayPartition,
-        Counter::PausedNodeResumed,
-        Counter::CrashRestart,
-        Counter::UnsyncedWritesLost,
-        Counter::MessageDropped,
-        Counter::MessageDuplicated,
-        Counter::ConnectWindowLoss,
-        Counter::LinkClogHealed,
-        Counter::ClockJump,
-        Counter::LearnerAdded,
-        Counter::LearnerPromoted,
-        Counter::VoterRemoved,
-        Counter::JointConfig,
-        Counter::LeadershipTransferred,
-        Counter::ProposalLost,
-        Counter::ClientOk,
-        Counter::ClientUnknown,
-        Counter::ReadOk,
-    ] {
+    for &counter in Counter::ALL {
         assert!(
             summary.seeds_with(counter) > 0,
             "no seed exercised {}: {summary}",

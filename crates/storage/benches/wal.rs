@@ -14,6 +14,21 @@
 //!   `FERRY_BENCH_RECOVERY_MIB`) written by 100 groups with 1 KiB entries.
 //!   The file is in the page cache (the machine has the memory), so this
 //!   measures replay, not the disk's read speed.
+//!
+//! Figures from one run (2026-11-29; 2 vCPU AMD EPYC VM, 23 GiB RAM, ext4 on
+//! a virtio disk shared with other builds, so expect ±20% between runs):
+//!
+//! | benchmark | time per iteration | appends/s | vs. floor |
+//! | --- | --- | --- | --- |
+//! | raw_floor (write + fdatasync) | 3.59 ms | 278 | 1x |
+//! | append_sync, 1 group | 4.07 ms | 246 | 0.9x |
+//! | append_sync, 10 groups | 4.90 ms | 2,041 | 7.3x |
+//! | append_sync, 1000 groups | 5.81 ms | 172,230 | 619x |
+//! | append_sync_pipelined, 10 groups | 3.80 ms | 2,632 | 9.5x |
+//! | append_sync_pipelined, 1000 groups | 2.86 ms | 349,150 | 1,254x |
+//!
+//! Recovery of a 1015 MiB log (100 groups, about a million 1 KiB entries): 1.55 s
+//! (655 MiB/s).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

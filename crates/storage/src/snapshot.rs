@@ -164,6 +164,10 @@ impl<D: Disk> SnapshotStore<D> {
             let file = read_layout(&disk, &path, group)?;
             groups.entry(group).or_default().push(file);
         }
+        // What open reports must be durable: a rename whose directory sync
+        // never happened (a restart between the two) is made durable now.
+        disk.sync_dir(dir)
+            .map_err(|e| StorageError::io("sync directory", dir, e))?;
         let mut store = SnapshotStore {
             disk,
             dir: dir.to_path_buf(),

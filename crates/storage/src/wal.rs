@@ -587,6 +587,10 @@ impl<D: Disk> Wal<D> {
                 // ever have a torn tail.
                 disk.truncate_synced(&path, valid_len as u64)
                     .map_err(|e| StorageError::io("truncate and sync last segment", &path, e))?;
+                // Its name, too, may never have been synced; what recovery
+                // reports must be durable.
+                disk.sync_dir(dir)
+                    .map_err(|e| StorageError::io("sync directory", dir, e))?;
             }
             segments.insert(seq, path);
         }

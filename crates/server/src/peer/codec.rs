@@ -11,8 +11,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use ferry_raft::{
     AppendResult, Configuration, Entry, EntryPayload, ForwardedRequest, MembershipChange, Message,
-    MessageBody, RequestError, RequestId, Response, Role, SnapshotMeta,
-    SnapshotOutcome, Status,
+    MessageBody, RequestError, RequestId, Response, Role, SnapshotMeta, SnapshotOutcome, Status,
 };
 
 /// Why a peer message could not be decoded.
@@ -25,7 +24,9 @@ pub enum DecodeError {
         what: &'static str,
     },
     /// A tag byte names no known variant.
-    #[error("peer message has unknown {what} tag {tag}; is the peer running another ferry version?")]
+    #[error(
+        "peer message has unknown {what} tag {tag}; is the peer running another ferry version?"
+    )]
     UnknownTag {
         /// The enum being read.
         what: &'static str,
@@ -134,7 +135,12 @@ fn put_option_u64(out: &mut BytesMut, value: Option<u64>) {
 
 fn put_body(out: &mut BytesMut, body: &MessageBody) {
     match body {
-        MessageBody::RequestVote { pre_vote, last_log_index, last_log_term, transfer } => {
+        MessageBody::RequestVote {
+            pre_vote,
+            last_log_index,
+            last_log_term,
+            transfer,
+        } => {
             out.put_u8(0);
             put_bool(out, *pre_vote);
             out.put_u64_le(*last_log_index);
@@ -146,7 +152,12 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
             put_bool(out, *pre_vote);
             put_bool(out, *granted);
         }
-        MessageBody::Append { prev_log_index, prev_log_term, entries, leader_commit } => {
+        MessageBody::Append {
+            prev_log_index,
+            prev_log_term,
+            entries,
+            leader_commit,
+        } => {
             out.put_u8(2);
             out.put_u64_le(*prev_log_index);
             out.put_u64_le(*prev_log_term);
@@ -163,7 +174,11 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
                     out.put_u8(0);
                     out.put_u64_le(*match_index);
                 }
-                AppendResult::Reject { rejected_index, hint_index, hint_term } => {
+                AppendResult::Reject {
+                    rejected_index,
+                    hint_index,
+                    hint_term,
+                } => {
                     out.put_u8(1);
                     out.put_u64_le(*rejected_index);
                     out.put_u64_le(*hint_index);
@@ -171,7 +186,10 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
                 }
             }
         }
-        MessageBody::Heartbeat { leader_commit, read_seq } => {
+        MessageBody::Heartbeat {
+            leader_commit,
+            read_seq,
+        } => {
             out.put_u8(4);
             out.put_u64_le(*leader_commit);
             out.put_u64_le(*read_seq);
@@ -180,19 +198,30 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
             out.put_u8(5);
             out.put_u64_le(*read_seq);
         }
-        MessageBody::SnapshotChunk { meta, offset, data, done } => {
+        MessageBody::SnapshotChunk {
+            meta,
+            offset,
+            data,
+            done,
+        } => {
             out.put_u8(6);
             put_snapshot_meta(out, meta);
             out.put_u64_le(*offset);
             put_bytes(out, data);
             put_bool(out, *done);
         }
-        MessageBody::SnapshotChunkAck { snapshot_index, next_offset } => {
+        MessageBody::SnapshotChunkAck {
+            snapshot_index,
+            next_offset,
+        } => {
             out.put_u8(7);
             out.put_u64_le(*snapshot_index);
             out.put_u64_le(*next_offset);
         }
-        MessageBody::SnapshotResponse { snapshot_index, outcome } => {
+        MessageBody::SnapshotResponse {
+            snapshot_index,
+            outcome,
+        } => {
             out.put_u8(8);
             out.put_u64_le(*snapshot_index);
             match outcome {
@@ -298,7 +327,11 @@ fn put_error(out: &mut BytesMut, error: &RequestError) {
             out.put_u8(7);
             put_bytes(out, reason.as_bytes());
         }
-        RequestError::LearnerNotCaughtUp { id, matched, last_index } => {
+        RequestError::LearnerNotCaughtUp {
+            id,
+            matched,
+            last_index,
+        } => {
             out.put_u8(8);
             out.put_u64_le(*id);
             out.put_u64_le(*matched);
@@ -396,9 +429,18 @@ impl Reader<'_> {
             0 => EntryPayload::Noop,
             1 => EntryPayload::Command(self.bytes("entry command")?),
             2 => EntryPayload::Config(self.config()?),
-            tag => return Err(DecodeError::UnknownTag { what: "entry payload", tag }),
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    what: "entry payload",
+                    tag,
+                })
+            }
         };
-        Ok(Entry { term, index, payload })
+        Ok(Entry {
+            term,
+            index,
+            payload,
+        })
     }
 
     fn snapshot_meta(&mut self) -> Result<SnapshotMeta, DecodeError> {
@@ -417,7 +459,10 @@ impl Reader<'_> {
             1 => Ok(MembershipChange::AddVoter(id)),
             2 => Ok(MembershipChange::PromoteLearner(id)),
             3 => Ok(MembershipChange::Remove(id)),
-            tag => Err(DecodeError::UnknownTag { what: "membership change", tag }),
+            tag => Err(DecodeError::UnknownTag {
+                what: "membership change",
+                tag,
+            }),
         }
     }
 
@@ -444,22 +489,36 @@ impl Reader<'_> {
                 for _ in 0..count {
                     entries.push(self.entry()?);
                 }
-                MessageBody::Append { prev_log_index, prev_log_term, entries, leader_commit }
+                MessageBody::Append {
+                    prev_log_index,
+                    prev_log_term,
+                    entries,
+                    leader_commit,
+                }
             }
             3 => MessageBody::AppendResponse(match self.u8("append result")? {
-                0 => AppendResult::Success { match_index: self.u64("match_index")? },
+                0 => AppendResult::Success {
+                    match_index: self.u64("match_index")?,
+                },
                 1 => AppendResult::Reject {
                     rejected_index: self.u64("rejected_index")?,
                     hint_index: self.u64("hint_index")?,
                     hint_term: self.u64("hint_term")?,
                 },
-                tag => return Err(DecodeError::UnknownTag { what: "append result", tag }),
+                tag => {
+                    return Err(DecodeError::UnknownTag {
+                        what: "append result",
+                        tag,
+                    })
+                }
             }),
             4 => MessageBody::Heartbeat {
                 leader_commit: self.u64("leader_commit")?,
                 read_seq: self.u64("read_seq")?,
             },
-            5 => MessageBody::HeartbeatResponse { read_seq: self.u64("read_seq")? },
+            5 => MessageBody::HeartbeatResponse {
+                read_seq: self.u64("read_seq")?,
+            },
             6 => MessageBody::SnapshotChunk {
                 meta: self.snapshot_meta()?,
                 offset: self.u64("snapshot offset")?,
@@ -473,12 +532,24 @@ impl Reader<'_> {
             8 => {
                 let snapshot_index = self.u64("snapshot index")?;
                 let outcome = match self.u8("snapshot outcome")? {
-                    0 => SnapshotOutcome::Installed { last_index: self.u64("last_index")? },
-                    1 => SnapshotOutcome::Stale { match_index: self.u64("match_index")? },
+                    0 => SnapshotOutcome::Installed {
+                        last_index: self.u64("last_index")?,
+                    },
+                    1 => SnapshotOutcome::Stale {
+                        match_index: self.u64("match_index")?,
+                    },
                     2 => SnapshotOutcome::Rejected,
-                    tag => return Err(DecodeError::UnknownTag { what: "snapshot outcome", tag }),
+                    tag => {
+                        return Err(DecodeError::UnknownTag {
+                            what: "snapshot outcome",
+                            tag,
+                        })
+                    }
                 };
-                MessageBody::SnapshotResponse { snapshot_index, outcome }
+                MessageBody::SnapshotResponse {
+                    snapshot_index,
+                    outcome,
+                }
             }
             9 => MessageBody::TimeoutNow,
             10 => {
@@ -488,7 +559,12 @@ impl Reader<'_> {
                     1 => ForwardedRequest::ReadIndex,
                     2 => ForwardedRequest::ChangeMembership(self.change()?),
                     3 => ForwardedRequest::TransferLeadership(self.u64("transfer target")?),
-                    tag => return Err(DecodeError::UnknownTag { what: "forwarded request", tag }),
+                    tag => {
+                        return Err(DecodeError::UnknownTag {
+                            what: "forwarded request",
+                            tag,
+                        })
+                    }
                 };
                 MessageBody::Forward { id, request }
             }
@@ -497,19 +573,34 @@ impl Reader<'_> {
                 let result = match self.u8("forward result")? {
                     0 => Ok(self.response()?),
                     1 => Err(self.error()?),
-                    tag => return Err(DecodeError::UnknownTag { what: "forward result", tag }),
+                    tag => {
+                        return Err(DecodeError::UnknownTag {
+                            what: "forward result",
+                            tag,
+                        })
+                    }
                 };
                 MessageBody::ForwardResponse { id, result }
             }
-            tag => return Err(DecodeError::UnknownTag { what: "message kind", tag }),
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    what: "message kind",
+                    tag,
+                })
+            }
         };
         Ok(body)
     }
 
     fn response(&mut self) -> Result<Response, DecodeError> {
         Ok(match self.u8("response")? {
-            0 => Response::Proposed { index: self.u64("index")?, term: self.u64("term")? },
-            1 => Response::ReadReady { index: self.u64("index")? },
+            0 => Response::Proposed {
+                index: self.u64("index")?,
+                term: self.u64("term")?,
+            },
+            1 => Response::ReadReady {
+                index: self.u64("index")?,
+            },
             2 => Response::TransferStarted,
             3 => Response::Status(Status {
                 group: self.u64("group")?,
@@ -531,20 +622,31 @@ impl Reader<'_> {
                 config: self.config()?,
                 removed: self.bool("removed")?,
             }),
-            tag => return Err(DecodeError::UnknownTag { what: "response", tag }),
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    what: "response",
+                    tag,
+                })
+            }
         })
     }
 
     fn error(&mut self) -> Result<RequestError, DecodeError> {
         Ok(match self.u8("request error")? {
-            0 => RequestError::NotLeader { leader: self.option_u64("leader")? },
+            0 => RequestError::NotLeader {
+                leader: self.option_u64("leader")?,
+            },
             1 => RequestError::NoLeader,
             2 => RequestError::Timeout,
-            3 => RequestError::Busy { limit: self.u64("limit")? as usize },
+            3 => RequestError::Busy {
+                limit: self.u64("limit")? as usize,
+            },
             4 => RequestError::Removed,
             5 => RequestError::LeadershipLost,
             6 => RequestError::MembershipChangePending,
-            7 => RequestError::InvalidMembershipChange { reason: self.string("reason")? },
+            7 => RequestError::InvalidMembershipChange {
+                reason: self.string("reason")?,
+            },
             8 => RequestError::LearnerNotCaughtUp {
                 id: self.u64("id")?,
                 matched: self.u64("matched")?,
@@ -552,7 +654,12 @@ impl Reader<'_> {
             },
             9 => RequestError::TransferInProgress,
             10 => RequestError::LeaseReadsDisabled,
-            tag => return Err(DecodeError::UnknownTag { what: "request error", tag }),
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    what: "request error",
+                    tag,
+                })
+            }
         })
     }
 }
@@ -562,7 +669,13 @@ mod tests {
     use super::*;
 
     fn message(body: MessageBody) -> Message {
-        Message { group: 3, from: 1, to: 2, term: 9, body }
+        Message {
+            group: 3,
+            from: 1,
+            to: 2,
+            term: 9,
+            body,
+        }
     }
 
     fn samples() -> Vec<Message> {
@@ -572,9 +685,21 @@ mod tests {
             learners: [4].into(),
         };
         let entries = vec![
-            Entry { term: 2, index: 5, payload: EntryPayload::Noop },
-            Entry { term: 2, index: 6, payload: EntryPayload::Command(Bytes::from_static(b"put x")) },
-            Entry { term: 2, index: 7, payload: EntryPayload::Config(config.clone()) },
+            Entry {
+                term: 2,
+                index: 5,
+                payload: EntryPayload::Noop,
+            },
+            Entry {
+                term: 2,
+                index: 6,
+                payload: EntryPayload::Command(Bytes::from_static(b"put x")),
+            },
+            Entry {
+                term: 2,
+                index: 7,
+                payload: EntryPayload::Config(config.clone()),
+            },
         ];
         let status = Status {
             group: 3,
@@ -590,32 +715,92 @@ mod tests {
             removed: false,
         };
         let mut bodies = vec![
-            MessageBody::RequestVote { pre_vote: true, last_log_index: 7, last_log_term: 2, transfer: false },
-            MessageBody::RequestVoteResponse { pre_vote: false, granted: true },
-            MessageBody::Append { prev_log_index: 4, prev_log_term: 1, entries, leader_commit: 5 },
+            MessageBody::RequestVote {
+                pre_vote: true,
+                last_log_index: 7,
+                last_log_term: 2,
+                transfer: false,
+            },
+            MessageBody::RequestVoteResponse {
+                pre_vote: false,
+                granted: true,
+            },
+            MessageBody::Append {
+                prev_log_index: 4,
+                prev_log_term: 1,
+                entries,
+                leader_commit: 5,
+            },
             MessageBody::AppendResponse(AppendResult::Success { match_index: 7 }),
-            MessageBody::AppendResponse(AppendResult::Reject { rejected_index: 9, hint_index: 3, hint_term: 0 }),
-            MessageBody::Heartbeat { leader_commit: 5, read_seq: 11 },
+            MessageBody::AppendResponse(AppendResult::Reject {
+                rejected_index: 9,
+                hint_index: 3,
+                hint_term: 0,
+            }),
+            MessageBody::Heartbeat {
+                leader_commit: 5,
+                read_seq: 11,
+            },
             MessageBody::HeartbeatResponse { read_seq: 11 },
             MessageBody::SnapshotChunk {
-                meta: SnapshotMeta { index: 100, term: 3, config },
+                meta: SnapshotMeta {
+                    index: 100,
+                    term: 3,
+                    config,
+                },
                 offset: 4096,
                 data: Bytes::from_static(&[1, 2, 3]),
                 done: true,
             },
-            MessageBody::SnapshotChunkAck { snapshot_index: 100, next_offset: 8192 },
-            MessageBody::SnapshotResponse { snapshot_index: 100, outcome: SnapshotOutcome::Installed { last_index: 100 } },
-            MessageBody::SnapshotResponse { snapshot_index: 100, outcome: SnapshotOutcome::Stale { match_index: 120 } },
-            MessageBody::SnapshotResponse { snapshot_index: 100, outcome: SnapshotOutcome::Rejected },
+            MessageBody::SnapshotChunkAck {
+                snapshot_index: 100,
+                next_offset: 8192,
+            },
+            MessageBody::SnapshotResponse {
+                snapshot_index: 100,
+                outcome: SnapshotOutcome::Installed { last_index: 100 },
+            },
+            MessageBody::SnapshotResponse {
+                snapshot_index: 100,
+                outcome: SnapshotOutcome::Stale { match_index: 120 },
+            },
+            MessageBody::SnapshotResponse {
+                snapshot_index: 100,
+                outcome: SnapshotOutcome::Rejected,
+            },
             MessageBody::TimeoutNow,
-            MessageBody::Forward { id: RequestId(5), request: ForwardedRequest::Propose(Bytes::from_static(b"cmd")) },
-            MessageBody::Forward { id: RequestId(6), request: ForwardedRequest::ReadIndex },
-            MessageBody::Forward { id: RequestId(7), request: ForwardedRequest::ChangeMembership(MembershipChange::PromoteLearner(4)) },
-            MessageBody::Forward { id: RequestId(8), request: ForwardedRequest::TransferLeadership(3) },
-            MessageBody::ForwardResponse { id: RequestId(5), result: Ok(Response::Proposed { index: 8, term: 9 }) },
-            MessageBody::ForwardResponse { id: RequestId(6), result: Ok(Response::ReadReady { index: 8 }) },
-            MessageBody::ForwardResponse { id: RequestId(8), result: Ok(Response::TransferStarted) },
-            MessageBody::ForwardResponse { id: RequestId(9), result: Ok(Response::Status(status)) },
+            MessageBody::Forward {
+                id: RequestId(5),
+                request: ForwardedRequest::Propose(Bytes::from_static(b"cmd")),
+            },
+            MessageBody::Forward {
+                id: RequestId(6),
+                request: ForwardedRequest::ReadIndex,
+            },
+            MessageBody::Forward {
+                id: RequestId(7),
+                request: ForwardedRequest::ChangeMembership(MembershipChange::PromoteLearner(4)),
+            },
+            MessageBody::Forward {
+                id: RequestId(8),
+                request: ForwardedRequest::TransferLeadership(3),
+            },
+            MessageBody::ForwardResponse {
+                id: RequestId(5),
+                result: Ok(Response::Proposed { index: 8, term: 9 }),
+            },
+            MessageBody::ForwardResponse {
+                id: RequestId(6),
+                result: Ok(Response::ReadReady { index: 8 }),
+            },
+            MessageBody::ForwardResponse {
+                id: RequestId(8),
+                result: Ok(Response::TransferStarted),
+            },
+            MessageBody::ForwardResponse {
+                id: RequestId(9),
+                result: Ok(Response::Status(status)),
+            },
         ];
         let errors = [
             RequestError::NotLeader { leader: Some(1) },
@@ -626,12 +811,25 @@ mod tests {
             RequestError::Removed,
             RequestError::LeadershipLost,
             RequestError::MembershipChangePending,
-            RequestError::InvalidMembershipChange { reason: "node 4 is already a voter".into() },
-            RequestError::LearnerNotCaughtUp { id: 4, matched: 10, last_index: 500 },
+            RequestError::InvalidMembershipChange {
+                reason: "node 4 is already a voter".into(),
+            },
+            RequestError::LearnerNotCaughtUp {
+                id: 4,
+                matched: 10,
+                last_index: 500,
+            },
             RequestError::TransferInProgress,
             RequestError::LeaseReadsDisabled,
         ];
-        bodies.extend(errors.into_iter().map(|error| MessageBody::ForwardResponse { id: RequestId(1), result: Err(error) }));
+        bodies.extend(
+            errors
+                .into_iter()
+                .map(|error| MessageBody::ForwardResponse {
+                    id: RequestId(1),
+                    result: Err(error),
+                }),
+        );
         bodies.into_iter().map(message).collect()
     }
 
@@ -648,7 +846,10 @@ mod tests {
         for original in samples() {
             let bytes = encode_message(&original);
             for cut in 0..bytes.len() {
-                assert!(decode_message(&bytes[..cut]).is_err(), "cut at {cut} of {original:?}");
+                assert!(
+                    decode_message(&bytes[..cut]).is_err(),
+                    "cut at {cut} of {original:?}"
+                );
             }
             let mut longer = bytes.to_vec();
             longer.push(0);
@@ -674,6 +875,9 @@ mod tests {
         bytes.put_u64_le(0);
         bytes.put_u64_le(0);
         bytes.put_u32_le(u32::MAX); // claims four billion entries
-        assert_eq!(decode_message(&bytes), Err(DecodeError::Truncated { what: "entries" }));
+        assert_eq!(
+            decode_message(&bytes),
+            Err(DecodeError::Truncated { what: "entries" })
+        );
     }
 }

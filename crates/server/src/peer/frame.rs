@@ -47,7 +47,10 @@ pub fn decode_frame(buffer: &mut BytesMut, limit_bytes: u32) -> Result<Option<By
     }
     let length_bytes = u32::from_le_bytes([buffer[0], buffer[1], buffer[2], buffer[3]]);
     if length_bytes > limit_bytes {
-        return Err(FrameError::TooLarge { length_bytes, limit_bytes });
+        return Err(FrameError::TooLarge {
+            length_bytes,
+            limit_bytes,
+        });
     }
     let expected = u32::from_le_bytes([buffer[4], buffer[5], buffer[6], buffer[7]]);
     let total = FRAME_HEADER_BYTES + length_bytes as usize;
@@ -98,10 +101,16 @@ mod tests {
         let mut small_limit = wire.clone();
         assert_eq!(
             decode_frame(&mut small_limit, 10),
-            Err(FrameError::TooLarge { length_bytes: 100, limit_bytes: 10 })
+            Err(FrameError::TooLarge {
+                length_bytes: 100,
+                limit_bytes: 10
+            })
         );
         let last = wire.len() - 1;
         wire[last] ^= 0xff;
-        assert!(matches!(decode_frame(&mut wire, 4096), Err(FrameError::Checksum { .. })));
+        assert!(matches!(
+            decode_frame(&mut wire, 4096),
+            Err(FrameError::Checksum { .. })
+        ));
     }
 }

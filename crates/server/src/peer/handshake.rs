@@ -64,7 +64,10 @@ impl Hello {
         }
         let version = payload.get_u16_le();
         if version != PROTOCOL_VERSION {
-            return Err(HandshakeError::Version { theirs: version, ours: PROTOCOL_VERSION });
+            return Err(HandshakeError::Version {
+                theirs: version,
+                ours: PROTOCOL_VERSION,
+            });
         }
         Ok(Hello {
             cluster_id: payload.get_u64_le(),
@@ -115,7 +118,9 @@ pub fn decode_answer(payload: &[u8]) -> Result<(), HandshakeError> {
         return Ok(());
     }
     let end = payload.len().min(REASON_BYTES_MAX);
-    Err(HandshakeError::Refused(String::from_utf8_lossy(&payload[..end]).into_owned()))
+    Err(HandshakeError::Refused(
+        String::from_utf8_lossy(&payload[..end]).into_owned(),
+    ))
 }
 
 #[cfg(test)]
@@ -124,7 +129,11 @@ mod tests {
 
     #[test]
     fn hello_round_trips_and_is_verified() {
-        let hello = Hello { cluster_id: 7, from: 1, to: 2 };
+        let hello = Hello {
+            cluster_id: 7,
+            from: 1,
+            to: 2,
+        };
         let decoded = Hello::decode(&hello.encode()).unwrap();
         assert_eq!(decoded, hello);
         assert!(decoded.verify(7, 2).is_ok());
@@ -135,10 +144,23 @@ mod tests {
 
     #[test]
     fn garbage_is_not_a_hello() {
-        assert_eq!(Hello::decode(b"GET / HTTP/1.1\r\n"), Err(HandshakeError::NotFerry));
-        let mut bad_version = BytesMut::from(&Hello { cluster_id: 1, from: 1, to: 2 }.encode()[..]);
+        assert_eq!(
+            Hello::decode(b"GET / HTTP/1.1\r\n"),
+            Err(HandshakeError::NotFerry)
+        );
+        let mut bad_version = BytesMut::from(
+            &Hello {
+                cluster_id: 1,
+                from: 1,
+                to: 2,
+            }
+            .encode()[..],
+        );
         bad_version[4] = 9;
-        assert!(matches!(Hello::decode(&bad_version), Err(HandshakeError::Version { theirs: 9, .. })));
+        assert!(matches!(
+            Hello::decode(&bad_version),
+            Err(HandshakeError::Version { theirs: 9, .. })
+        ));
     }
 
     #[test]

@@ -23,5 +23,5 @@ pub mod transport;
 
 pub use codec::{decode_message, encode_message, DecodeError};
 pub use frame::{FrameError, FRAME_BYTES_MAX_DEFAULT};
-pub use handshake::{Hello, HandshakeError};
+pub use handshake::{HandshakeError, Hello};
 pub use transport::{Transport, TransportConfig, TransportError, TransportEvent};

@@ -132,12 +132,19 @@ impl Transport {
         config: TransportConfig,
         events: mpsc::Sender<TransportEvent>,
     ) -> Result<Transport, TransportError> {
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| TransportError::Bind { addr: config.listen, source })?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| TransportError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
         let local_addr = listener
             .local_addr()
-            .map_err(|source| TransportError::Bind { addr: config.listen, source })?;
+            .map_err(|source| TransportError::Bind {
+                addr: config.listen,
+                source,
+            })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let stats = Arc::new(TransportStats::default());
         tokio::spawn(accept_loop(
@@ -164,6 +171,11 @@ impl Transport {
     /// The address the transport listens on (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The peers this transport dials.
+    pub fn peer_ids(&self) -> Vec<NodeId> {
+        self.outbound.keys().copied().collect()
     }
 
     /// Starts dialing a new peer (after a membership change). A peer that is
@@ -286,7 +298,10 @@ async fn inbound_connection(
         let _ = write_frame(&mut stream, &encode_answer(Some(&reason))).await;
         return;
     }
-    if write_frame(&mut stream, &encode_answer(None)).await.is_err() {
+    if write_frame(&mut stream, &encode_answer(None))
+        .await
+        .is_err()
+    {
         return;
     }
     let from = hello.from;
@@ -303,7 +318,11 @@ async fn inbound_connection(
                 }
             },
         };
-        if events.send(TransportEvent::Received { from, payload }).await.is_err() {
+        if events
+            .send(TransportEvent::Received { from, payload })
+            .await
+            .is_err()
+        {
             return; // The runtime is gone.
         }
     }
@@ -376,10 +395,18 @@ async fn outbound_loop(
     }
 }
 
-async fn connect(addr: &str, config: &TransportConfig, peer: NodeId) -> Result<TcpStream, ConnectionError> {
+async fn connect(
+    addr: &str,
+    config: &TransportConfig,
+    peer: NodeId,
+) -> Result<TcpStream, ConnectionError> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
-    let hello = Hello { cluster_id: config.cluster_id, from: config.node_id, to: peer };
+    let hello = Hello {
+        cluster_id: config.cluster_id,
+        from: config.node_id,
+        to: peer,
+    };
     write_frame(&mut stream, &hello.encode()).await?;
     let mut buffer = BytesMut::new();
     let answer = read_frame(&mut stream, &mut buffer, config.frame_bytes_max).await?;
@@ -478,7 +505,11 @@ impl Jitter {
         self.0 ^= self.0 << 17;
         let half = delay / 2;
         let extra_ms = half.as_millis() as u64;
-        half + Duration::from_millis(if extra_ms == 0 { 0 } else { self.0 % (extra_ms + 1) })
+        half + Duration::from_millis(if extra_ms == 0 {
+            0
+        } else {
+            self.0 % (extra_ms + 1)
+        })
     }
 }
 
@@ -491,15 +522,22 @@ mod tests {
     }
 
     async fn next_event(events: &mut mpsc::Receiver<TransportEvent>) -> TransportEvent {
-        tokio::time::timeout(Duration::from_secs(10), events.recv()).await.unwrap().unwrap()
+        tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .unwrap()
+            .unwrap()
     }
 
     #[tokio::test]
     async fn two_nodes_exchange_frames_and_report_connections() {
         let (events_a, mut rx_a) = mpsc::channel(64);
         let (events_b, mut rx_b) = mpsc::channel(64);
-        let mut a = Transport::start(TransportConfig::new(1, 42, loopback()), events_a).await.unwrap();
-        let mut b = Transport::start(TransportConfig::new(2, 42, loopback()), events_b).await.unwrap();
+        let mut a = Transport::start(TransportConfig::new(1, 42, loopback()), events_a)
+            .await
+            .unwrap();
+        let mut b = Transport::start(TransportConfig::new(2, 42, loopback()), events_b)
+            .await
+            .unwrap();
         a.add_peer(2, b.local_addr().to_string());
         b.add_peer(1, a.local_addr().to_string());
         assert_eq!(next_event(&mut rx_a).await, TransportEvent::Connected(2));
@@ -510,7 +548,10 @@ mod tests {
         for i in 0..100u8 {
             assert_eq!(
                 next_event(&mut rx_b).await,
-                TransportEvent::Received { from: 1, payload: Bytes::from(vec![i; 10]) }
+                TransportEvent::Received {
+                    from: 1,
+                    payload: Bytes::from(vec![i; 10])
+                }
             );
         }
         // B goes away: A learns its link is down.
@@ -528,12 +569,19 @@ mod tests {
     async fn a_peer_of_another_cluster_is_refused() {
         let (events_a, mut rx_a) = mpsc::channel(64);
         let (events_b, _rx_b) = mpsc::channel(64);
-        let a = Transport::start(TransportConfig::new(1, 42, loopback()), events_a).await.unwrap();
-        let mut b = Transport::start(TransportConfig::new(2, 99, loopback()), events_b).await.unwrap();
+        let a = Transport::start(TransportConfig::new(1, 42, loopback()), events_a)
+            .await
+            .unwrap();
+        let mut b = Transport::start(TransportConfig::new(2, 99, loopback()), events_b)
+            .await
+            .unwrap();
         b.add_peer(1, a.local_addr().to_string());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while b.stats().handshakes_refused.load(Ordering::Relaxed) == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "refusal never happened");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "refusal never happened"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(a.stats().handshakes_refused.load(Ordering::Relaxed) >= 1);
@@ -552,7 +600,9 @@ mod tests {
         assert!(!a.send(9, Bytes::from_static(b"x")));
         // Port 1 on loopback refuses connections: the queue fills and sheds.
         a.add_peer(2, "127.0.0.1:1".into());
-        let sent = (0..100).filter(|_| a.send(2, Bytes::from_static(b"x"))).count();
+        let sent = (0..100)
+            .filter(|_| a.send(2, Bytes::from_static(b"x")))
+            .count();
         assert!(sent <= 5, "queue bound not enforced: {sent} queued");
         a.shutdown();
     }

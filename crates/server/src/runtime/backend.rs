@@ -29,11 +29,14 @@ pub struct RaftBackend {
     view: Arc<Mutex<NodeView>>,
     config: NodeConfig,
     clock_origin: Instant,
+    member_add_lock: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for RaftBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RaftBackend").field("node_id", &self.config.node_id).finish()
+        f.debug_struct("RaftBackend")
+            .field("node_id", &self.config.node_id)
+            .finish()
     }
 }
 
@@ -44,7 +47,14 @@ impl RaftBackend {
         view: Arc<Mutex<NodeView>>,
         config: NodeConfig,
     ) -> RaftBackend {
-        RaftBackend { state, calls, view, config, clock_origin: Instant::now() }
+        RaftBackend {
+            state,
+            calls,
+            view,
+            config,
+            clock_origin: Instant::now(),
+            member_add_lock: tokio::sync::Mutex::new(()),
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -53,9 +63,15 @@ impl RaftBackend {
 
     /// Sends a call to the driver and waits for its answer, at most the
     /// request timeout (then the outcome is unknown: `Timeout`).
-    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Call) -> Result<T, ApiError> {
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Call,
+    ) -> Result<T, ApiError> {
         let (reply, answer) = oneshot::channel();
-        self.calls.send(make(reply)).await.map_err(|_| ApiError::Stopped)?;
+        self.calls
+            .send(make(reply))
+            .await
+            .map_err(|_| ApiError::Stopped)?;
         match tokio::time::timeout(self.config.request_timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(ApiError::Stopped),
@@ -71,14 +87,23 @@ impl RaftBackend {
     /// The leader's client URL, for calls that must run on its clock.
     fn leader_client_url(&self) -> Result<String, ApiError> {
         let leader = self.leader().ok_or(ApiError::NoLeader)?;
-        self.config
-            .members
-            .get(&leader)
-            .map(|member| member.client_url.clone())
-            .ok_or_else(|| ApiError::Internal(format!("the leader {leader:x} has no known client URL")))
+        self.addrs(leader)
+            .map(|member| member.client_url)
+            .filter(|url| !url.is_empty())
+            .ok_or_else(|| {
+                ApiError::Internal(format!("the leader {leader:x} has no known client URL"))
+            })
     }
 
-    async fn leader_lease_client(&self) -> Result<LeaseClient<tonic::transport::Channel>, ApiError> {
+    /// Where member `id` can be reached, as far as this node knows.
+    fn addrs(&self, id: NodeId) -> Option<super::config::MemberAddrs> {
+        let machine = self.state.lock();
+        super::config::member_addrs(&self.config.members, machine.kv().member_records(), id)
+    }
+
+    async fn leader_lease_client(
+        &self,
+    ) -> Result<LeaseClient<tonic::transport::Channel>, ApiError> {
         let url = self.leader_client_url()?;
         let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
             .map_err(|error| ApiError::Internal(format!("bad leader URL {url}: {error}")))?
@@ -98,12 +123,20 @@ impl RaftBackend {
             .members()
             .into_iter()
             .map(|id| {
-                let addrs = self.config.members.get(&id);
+                let addrs = self.addrs(id);
+                let addrs = addrs.as_ref();
                 Member {
                     id,
                     name: addrs.map(|a| a.name.clone()).unwrap_or_default(),
-                    peer_ur_ls: addrs.map(|a| vec![format!("http://{}", a.peer_addr)]).unwrap_or_default(),
-                    client_ur_ls: addrs.map(|a| vec![a.client_url.clone()]).unwrap_or_default(),
+                    peer_ur_ls: addrs
+                        .map(|a| vec![format!("http://{}", a.peer_addr)])
+                        .unwrap_or_default(),
+                    // A member added but not yet started has published no
+                    // client URL (etcd shows it the same way).
+                    client_ur_ls: addrs
+                        .filter(|a| !a.client_url.is_empty())
+                        .map(|a| vec![a.client_url.clone()])
+                        .unwrap_or_default(),
                     is_learner: config.is_learner(id),
                 }
             })
@@ -111,11 +144,16 @@ impl RaftBackend {
     }
 
     fn state_config(&self) -> ferry_raft::Configuration {
-        self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).config.clone()
+        self.view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .config
+            .clone()
     }
 
     async fn change_membership(&self, change: MembershipChange) -> Result<Vec<Member>, ApiError> {
-        self.call(|reply| Call::ChangeMembership { change, reply }).await?;
+        self.call(|reply| Call::ChangeMembership { change, reply })
+            .await?;
         Ok(self.members())
     }
 }
@@ -145,13 +183,17 @@ impl Backend for RaftBackend {
         let mut responses = client
             .lease_keep_alive(request)
             .await
-            .map_err(|status| ApiError::Internal(format!("forwarding the keep-alive to the leader: {status}")))?
+            .map_err(|status| {
+                ApiError::Internal(format!("forwarding the keep-alive to the leader: {status}"))
+            })?
             .into_inner();
         match responses.message().await {
             Ok(Some(response)) if response.ttl > 0 => Ok(Some(response.ttl)),
             Ok(Some(_)) => Ok(None),
             Ok(None) => Err(ApiError::NoLeader),
-            Err(status) => Err(ApiError::Internal(format!("forwarding the keep-alive to the leader: {status}"))),
+            Err(status) => Err(ApiError::Internal(format!(
+                "forwarding the keep-alive to the leader: {status}"
+            ))),
         }
     }
 
@@ -161,13 +203,22 @@ impl Backend for RaftBackend {
             return Ok(self.state.lock().lease_remaining_seconds(id, now_ms));
         }
         let mut client = self.leader_lease_client().await?;
-        match client.lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false }).await {
+        match client
+            .lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })
+            .await
+        {
             Ok(response) => {
                 let ttl = response.into_inner().ttl;
+                // The API reads the lease's granted TTL and keys from this
+                // node's state: catch up with everything committed so far,
+                // so a key just attached through another member shows.
+                self.read_index().await?;
                 Ok((ttl >= 0).then_some(ttl))
             }
             Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
-            Err(status) => Err(ApiError::Internal(format!("asking the leader for the lease's TTL: {status}"))),
+            Err(status) => Err(ApiError::Internal(format!(
+                "asking the leader for the lease's TTL: {status}"
+            ))),
         }
     }
 
@@ -176,10 +227,72 @@ impl Backend for RaftBackend {
         Ok(self.members())
     }
 
-    async fn member_add(&self, _peer_urls: Vec<String>, _is_learner: bool) -> Result<(Member, Vec<Member>), ApiError> {
-        Err(ApiError::Unimplemented(
-            "MemberAdd (adding members at run time needs their addresses replicated; start the cluster with every member listed)",
-        ))
+    async fn member_add(
+        &self,
+        peer_urls: Vec<String>,
+        is_learner: bool,
+    ) -> Result<(Member, Vec<Member>), ApiError> {
+        // One add at a time through this node, so two adds cannot pick the
+        // same id. (Adds through different nodes at the same moment may
+        // still race; the second engine change is then refused.)
+        let _adding = self.member_add_lock.lock().await;
+        let peer_url = peer_urls
+            .first()
+            .ok_or(ApiError::InvalidArgument("MemberAdd needs a peer URL"))?;
+        let peer_addr = peer_url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .to_string();
+        let config = self.state_config();
+        let known: Vec<NodeId> = {
+            let machine = self.state.lock();
+            machine.kv().member_records().keys().copied().collect()
+        };
+        for id in config.members() {
+            if self.addrs(id).is_some_and(|a| a.peer_addr == peer_addr) {
+                return Err(ApiError::PeerUrlExists);
+            }
+        }
+        // Ids are small integers, as `ferry serve --id` takes them: one more
+        // than any id this cluster has ever seen.
+        let id = config
+            .members()
+            .into_iter()
+            .chain(known)
+            .chain(self.config.members.keys().copied())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        // The addresses first, so that every node can dial the new member
+        // as soon as the configuration names it.
+        let record = crate::command::command(crate::command::CommandKind::MemberRecord(
+            crate::pb::ferrypb::MemberRecordCommand {
+                id,
+                name: format!("ferry-{id}"),
+                peer_addr,
+                client_url: String::new(),
+            },
+        ));
+        self.propose(record).await?;
+        let change = if is_learner {
+            MembershipChange::AddLearner(id)
+        } else {
+            MembershipChange::AddVoter(id)
+        };
+        let members = self.change_membership(change).await?;
+        let member = members
+            .iter()
+            .find(|m| m.id == id)
+            .cloned()
+            .unwrap_or(Member {
+                id,
+                name: String::new(),
+                peer_ur_ls: vec![peer_url.clone()],
+                client_ur_ls: Vec::new(),
+                is_learner,
+            });
+        Ok((member, members))
     }
 
     async fn member_remove(&self, id: u64) -> Result<Vec<Member>, ApiError> {
@@ -197,15 +310,22 @@ impl Backend for RaftBackend {
         if !config.is_learner(id) {
             return Err(ApiError::MemberNotLearner);
         }
-        self.change_membership(MembershipChange::PromoteLearner(id)).await
+        self.change_membership(MembershipChange::PromoteLearner(id))
+            .await
     }
 
     fn status(&self) -> NodeStatus {
-        self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).status.clone()
+        self.view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .status
+            .clone()
     }
 }
 
 /// A stream of one request, for forwarding a keep-alive.
-fn futures_once<T: Send + 'static>(item: T) -> impl tonic::codegen::tokio_stream::Stream<Item = T> + Send + 'static {
+fn futures_once<T: Send + 'static>(
+    item: T,
+) -> impl tonic::codegen::tokio_stream::Stream<Item = T> + Send + 'static {
     tonic::codegen::tokio_stream::iter(std::iter::once(item))
 }

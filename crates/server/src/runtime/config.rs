@@ -35,8 +35,13 @@ pub struct NodeConfig {
     pub client_listen: SocketAddr,
     /// Where to accept peer connections.
     pub peer_listen: SocketAddr,
-    /// The founding members, this node included.
+    /// The founding members, this node included (with `join`: the members
+    /// to contact, this node included).
     pub members: BTreeMap<NodeId, MemberAddrs>,
+    /// Whether this node joins a running cluster (it was added with
+    /// MemberAdd) instead of founding one: it starts knowing nothing and
+    /// learns the log, the configuration and the state from the leader.
+    pub join: bool,
     /// The length of one engine tick.
     pub tick_interval: Duration,
     /// The least election timeout, in ticks.
@@ -45,6 +50,9 @@ pub struct NodeConfig {
     pub heartbeat_interval_ticks: u32,
     /// Take a snapshot of the state machine after this many applied entries.
     pub snapshot_interval_entries: u64,
+    /// Log entries kept behind a new snapshot, so that a follower a little
+    /// behind gets entries instead of the whole snapshot.
+    pub compaction_lag_entries: u64,
     /// How long an API call waits for its answer.
     pub request_timeout: Duration,
     /// Limits of the key-value state machine.
@@ -72,14 +80,44 @@ impl NodeConfig {
             client_listen,
             peer_listen,
             members,
+            join: false,
             tick_interval: Duration::from_millis(100),
             election_timeout_ticks: 10,
             heartbeat_interval_ticks: 1,
             snapshot_interval_entries: 10_000,
+            compaction_lag_entries: 1000,
             request_timeout: Duration::from_secs(7),
             kv_limits: KvLimits::default(),
             watch_limits: WatchLimits::default(),
             api_options: ApiOptions::default(),
         }
     }
+}
+
+/// Where member `id` can be reached: the addresses given on the command
+/// line, overlaid by those recorded in the replicated state (members added
+/// at run time, and what each member published about itself).
+pub(crate) fn member_addrs(
+    founding: &BTreeMap<NodeId, MemberAddrs>,
+    records: &BTreeMap<u64, crate::pb::ferrypb::MemberRecordCommand>,
+    id: NodeId,
+) -> Option<MemberAddrs> {
+    let mut addrs = founding.get(&id).cloned();
+    if let Some(record) = records.get(&id) {
+        let known = addrs.get_or_insert_with(|| MemberAddrs {
+            name: format!("ferry-{id}"),
+            peer_addr: String::new(),
+            client_url: String::new(),
+        });
+        if !record.name.is_empty() {
+            known.name.clone_from(&record.name);
+        }
+        if !record.peer_addr.is_empty() {
+            known.peer_addr.clone_from(&record.peer_addr);
+        }
+        if !record.client_url.is_empty() {
+            known.client_url.clone_from(&record.client_url);
+        }
+    }
+    addrs
 }

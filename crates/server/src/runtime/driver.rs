@@ -11,18 +11,20 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use ferry_raft::{
-    Action, Configuration, EntryPayload, GroupId, Index, Input, MembershipChange, Options,
+    Action, Configuration, EntryPayload, GroupId, Index, Input, MembershipChange, NodeId, Options,
     RaftNode, ReadConsistency, Request, RequestError, RequestId, Response, Role, Term,
 };
 use ferry_storage::{FsDisk, SnapshotWriter, Storage, StorageError, WalOptions};
 
 use super::backend::RaftBackend;
-use super::config::NodeConfig;
+use super::config::{member_addrs, NodeConfig};
 use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
 use crate::error::ApiError;
 use crate::kv_state::CommandResponse;
-use crate::peer::{decode_message, encode_message, Transport, TransportConfig, TransportError, TransportEvent};
+use crate::peer::{
+    decode_message, encode_message, Transport, TransportConfig, TransportError, TransportEvent,
+};
 use crate::state::{SharedState, StateMachine};
 
 /// The one Raft group of the key-value store.
@@ -71,9 +73,17 @@ pub enum StartError {
 
 /// A call from the API to the driver.
 pub(crate) enum Call {
-    Propose { command: Vec<u8>, reply: oneshot::Sender<Result<CommandResponse, ApiError>> },
-    ReadIndex { reply: oneshot::Sender<Result<(), ApiError>> },
-    ChangeMembership { change: MembershipChange, reply: oneshot::Sender<Result<(), ApiError>> },
+    Propose {
+        command: Vec<u8>,
+        reply: oneshot::Sender<Result<CommandResponse, ApiError>>,
+    },
+    ReadIndex {
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
+    ChangeMembership {
+        change: MembershipChange,
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
 }
 
 /// What an engine request is waiting for, and who to tell.
@@ -144,7 +154,10 @@ fn api_error(error: RequestError) -> ApiError {
 /// Opens the node's storage, recovers its state and starts the driver, the
 /// transport and the etcd API.
 pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
-    let storage_error = |source| StartError::Storage { dir: config.data_dir.display().to_string(), source };
+    let storage_error = |source| StartError::Storage {
+        dir: config.data_dir.display().to_string(),
+        source,
+    };
     let (storage, report) =
         Storage::open(FsDisk, &config.data_dir, WalOptions::default()).map_err(storage_error)?;
     if report.wal.truncated_bytes > 0 {
@@ -154,7 +167,14 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             "cut a torn write from the end of the log (the node stopped while writing)"
         );
     }
-    let founders = Configuration::with_voters(config.members.keys().copied());
+    // A joining node founds nothing: it starts with an empty configuration
+    // (`RestoredState::joining()` when its storage is empty) and learns the
+    // real one from the leader.
+    let founders = if config.join {
+        Configuration::default()
+    } else {
+        Configuration::with_voters(config.members.keys().copied())
+    };
     let recovered = report.groups.get(&KV_GROUP).cloned().unwrap_or_default();
     let restored = recovered.restored_state(founders);
 
@@ -168,25 +188,34 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             .snapshots
             .read_all(KV_GROUP, index)
             .map_err(storage_error)?
-            .ok_or_else(|| StartError::Snapshot { index, reason: "the snapshot file is missing".into() })?;
+            .ok_or_else(|| StartError::Snapshot {
+                index,
+                reason: "the snapshot file is missing".into(),
+            })?;
         state
             .lock()
             .restore(&data)
-            .map_err(|error| StartError::Snapshot { index, reason: error.to_string() })?;
+            .map_err(|error| StartError::Snapshot {
+                index,
+                reason: error.to_string(),
+            })?;
     }
 
     let mut options = Options::new(config.node_id, KV_GROUP);
     options.election_timeout_ticks = config.election_timeout_ticks;
     options.heartbeat_interval_ticks = config.heartbeat_interval_ticks;
+    options.compaction_lag_entries = config.compaction_lag_entries;
     let request_timeout_ticks =
         (config.request_timeout.as_millis() / config.tick_interval.as_millis().max(1)).max(1);
     options.request_timeout_ticks = u32::try_from(request_timeout_ticks).unwrap_or(u32::MAX);
-    let seed = config.node_id ^ (Instant::now().elapsed().as_nanos() as u64) ^ std::process::id() as u64;
+    let seed =
+        config.node_id ^ (Instant::now().elapsed().as_nanos() as u64) ^ std::process::id() as u64;
     let applied = restored.applied;
     let node = RaftNode::new(options, restored, seed)?;
 
     let (transport_events_tx, transport_events) = mpsc::channel(TRANSPORT_EVENTS_QUEUED_MAX);
-    let mut transport_config = TransportConfig::new(config.node_id, config.cluster_id, config.peer_listen);
+    let mut transport_config =
+        TransportConfig::new(config.node_id, config.cluster_id, config.peer_listen);
     transport_config.peers = config
         .members
         .iter()
@@ -198,10 +227,16 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
 
     let listener = TcpListener::bind(config.client_listen)
         .await
-        .map_err(|source| StartError::ClientBind { addr: config.client_listen, source })?;
+        .map_err(|source| StartError::ClientBind {
+            addr: config.client_listen,
+            source,
+        })?;
     let client_addr = listener
         .local_addr()
-        .map_err(|source| StartError::ClientBind { addr: config.client_listen, source })?;
+        .map_err(|source| StartError::ClientBind {
+            addr: config.client_listen,
+            source,
+        })?;
 
     let (calls_tx, calls) = mpsc::channel(CALLS_QUEUED_MAX);
     let view = Arc::new(Mutex::new(NodeView {
@@ -231,6 +266,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         }
     });
 
+    let (snapshot_written_tx, snapshot_written) = mpsc::channel(1);
     let mut driver = Driver {
         node,
         storage,
@@ -248,16 +284,30 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         receiving: None,
         applied,
         snapshot_index: applied,
+        snapshot_building: None,
+        snapshot_written_tx,
+        ticks: 0,
+        self_publish_tick: 0,
         role: Role::Follower,
         removed: false,
     };
     let driver_task = tokio::spawn(async move {
-        if let Err(error) = driver.run(calls, transport_events, shutdown_rx).await {
+        if let Err(error) = driver
+            .run(calls, transport_events, snapshot_written, shutdown_rx)
+            .await
+        {
             tracing::error!(%error, "the node stopped: {error}");
         }
         driver.transport.shutdown();
     });
-    Ok(RunningNode { backend, client_addr, peer_addr, shutdown, driver: driver_task, api: api_task })
+    Ok(RunningNode {
+        backend,
+        client_addr,
+        peer_addr,
+        shutdown,
+        driver: driver_task,
+        api: api_task,
+    })
 }
 
 /// Why the driver stopped.
@@ -292,18 +342,30 @@ struct Driver {
     applied: Index,
     /// The index of the latest local snapshot.
     snapshot_index: Index,
+    /// The index of the snapshot being written on a blocking thread, if any
+    /// (one at a time).
+    snapshot_building: Option<Index>,
+    /// Where that thread hands the written snapshot back.
+    snapshot_written_tx: mpsc::Sender<SnapshotWritten>,
+    /// Ticks since the start.
+    ticks: u64,
+    /// The tick at or after which this node (re)publishes its own addresses.
+    self_publish_tick: u64,
     role: Role,
     /// Whether the engine said this node was removed.
     removed: bool,
 }
 
 type SyncOutcome = (ferry_storage::PendingSync<FsDisk>, std::io::Result<()>);
+/// A snapshot of the local state machine whose data a blocking thread wrote.
+type SnapshotWritten = (SnapshotWriter<FsDisk>, Result<(), StorageError>);
 
 impl Driver {
     async fn run(
         &mut self,
         mut calls: mpsc::Receiver<Call>,
         mut transport_events: mpsc::Receiver<TransportEvent>,
+        mut snapshot_written: mpsc::Receiver<SnapshotWritten>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), DriverError> {
         let mut ticker = tokio::time::interval(self.config.tick_interval);
@@ -326,11 +388,14 @@ impl Driver {
                         self.step(input)?;
                     }
                 }
+                Some((writer, outcome)) = snapshot_written.recv() => self.on_snapshot_written(writer, outcome)?,
                 Some(event) = transport_events.recv() => self.on_transport(event)?,
                 Some(call) = calls.recv() => self.on_call(call)?,
                 _ = ticker.tick() => {
+                    self.ticks += 1;
                     self.step(Input::Tick)?;
                     self.expire_leases()?;
+                    self.publish_self()?;
                 }
             }
         }
@@ -376,7 +441,12 @@ impl Driver {
                     self.step(Input::Message(message))
                 }
                 Ok(message) => {
-                    tracing::warn!(peer = from, claimed = message.from, group = message.group, "dropping a message with the wrong sender or group");
+                    tracing::warn!(
+                        peer = from,
+                        claimed = message.from,
+                        group = message.group,
+                        "dropping a message with the wrong sender or group"
+                    );
                     Ok(())
                 }
                 Err(error) => {
@@ -391,12 +461,14 @@ impl Driver {
         let id = RequestId(self.next_request_id);
         self.next_request_id += 1;
         let (request, waiter) = match call {
-            Call::Propose { command, reply } => {
-                (Request::Propose(Bytes::from(command)), Waiter::Propose(reply))
-            }
-            Call::ReadIndex { reply } => {
-                (Request::Read(ReadConsistency::Linearizable), Waiter::Read(reply))
-            }
+            Call::Propose { command, reply } => (
+                Request::Propose(Bytes::from(command)),
+                Waiter::Propose(reply),
+            ),
+            Call::ReadIndex { reply } => (
+                Request::Read(ReadConsistency::Linearizable),
+                Waiter::Read(reply),
+            ),
             Call::ChangeMembership { change, reply } => {
                 (Request::ChangeMembership(change), Waiter::Membership(reply))
             }
@@ -415,14 +487,20 @@ impl Driver {
             return Ok(());
         }
         let now_ms = self.now_ms();
-        let command = self.state.lock().expired_leases(now_ms, EXPIRED_LEASES_PER_COMMAND_MAX);
+        let command = self
+            .state
+            .lock()
+            .expired_leases(now_ms, EXPIRED_LEASES_PER_COMMAND_MAX);
         if let Some(command) = command {
             let id = RequestId(self.next_request_id);
             self.next_request_id += 1;
             let bytes = crate::command::encode_command(&command);
             // Nobody waits for the answer: a lost expiry is proposed again
             // on a later tick.
-            self.step(Input::Client { id, request: Request::Propose(Bytes::from(bytes)) })?;
+            self.step(Input::Client {
+                id,
+                request: Request::Propose(Bytes::from(bytes)),
+            })?;
         }
         Ok(())
     }
@@ -454,17 +532,44 @@ impl Driver {
                 for entry in entries {
                     self.apply(entry.index, entry.term, &entry.payload);
                 }
+                // Applied member records may name the address of a member
+                // the configuration already has.
+                self.reconcile_peers();
                 self.maybe_snapshot()?;
             }
             Action::Respond { id, result } => self.respond(id, result),
-            Action::LoadSnapshotChunk { to, snapshot_index, offset, max_bytes } => {
-                let chunk = self.storage.snapshots.read_chunk(KV_GROUP, snapshot_index, offset, max_bytes)?;
-                self.step(Input::SnapshotChunkLoaded { to, snapshot_index, offset, chunk })?;
+            Action::LoadSnapshotChunk {
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            } => {
+                let chunk = self.storage.snapshots.read_chunk(
+                    KV_GROUP,
+                    snapshot_index,
+                    offset,
+                    max_bytes,
+                )?;
+                self.step(Input::SnapshotChunkLoaded {
+                    to,
+                    snapshot_index,
+                    offset,
+                    chunk,
+                })?;
             }
-            Action::SaveSnapshotChunk { meta, offset, data, done } => {
+            Action::SaveSnapshotChunk {
+                meta,
+                offset,
+                data,
+                done,
+            } => {
                 let snapshot_index = meta.index;
                 let ok = self.save_snapshot_chunk(meta, offset, &data, done);
-                let input = Input::SnapshotChunkSaved { snapshot_index, offset, ok };
+                let input = Input::SnapshotChunkSaved {
+                    snapshot_index,
+                    offset,
+                    ok,
+                };
                 if ok && done {
                     // The log reset becomes durable with the next sync.
                     self.after_sync.push(input);
@@ -484,7 +589,9 @@ impl Driver {
             }
             Action::Removed => {
                 self.removed = true;
-                tracing::warn!("this node was removed from the cluster; it serves no more requests");
+                tracing::warn!(
+                    "this node was removed from the cluster; it serves no more requests"
+                );
             }
         }
         Ok(())
@@ -518,7 +625,9 @@ impl Driver {
                 if let Some(ApplyWaiter::Propose(reply)) = waiter {
                     let _ = reply.send(applied.response.map_err(ApiError::from));
                 } else if let Some(ApplyWaiter::Membership(reply)) = waiter {
-                    let _ = reply.send(Err(ApiError::Internal("a membership change applied as a command".into())));
+                    let _ = reply.send(Err(ApiError::Internal(
+                        "a membership change applied as a command".into(),
+                    )));
                 }
             }
             EntryPayload::Noop | EntryPayload::Config(_) => {
@@ -544,10 +653,12 @@ impl Driver {
         };
         match (waiter, result) {
             (Waiter::Propose(reply), Ok(Response::Proposed { index, term })) => {
-                self.applying.insert(index, (term, ApplyWaiter::Propose(reply)));
+                self.applying
+                    .insert(index, (term, ApplyWaiter::Propose(reply)));
             }
             (Waiter::Membership(reply), Ok(Response::Proposed { index, term })) => {
-                self.applying.insert(index, (term, ApplyWaiter::Membership(reply)));
+                self.applying
+                    .insert(index, (term, ApplyWaiter::Membership(reply)));
             }
             (Waiter::Read(reply), Ok(Response::ReadReady { .. })) => {
                 let _ = reply.send(Ok(()));
@@ -560,29 +671,55 @@ impl Driver {
         }
     }
 
-    fn save_snapshot_chunk(&mut self, meta: ferry_raft::SnapshotMeta, offset: u64, data: &[u8], done: bool) -> bool {
+    fn save_snapshot_chunk(
+        &mut self,
+        meta: ferry_raft::SnapshotMeta,
+        offset: u64,
+        data: &[u8],
+        done: bool,
+    ) -> bool {
         let result = (|| -> Result<(), String> {
             if offset == 0 {
-                self.receiving = Some(self.storage.begin_snapshot(KV_GROUP, meta.clone()).map_err(|e| e.to_string())?);
+                self.receiving = Some(
+                    self.storage
+                        .begin_snapshot(KV_GROUP, meta.clone())
+                        .map_err(|e| e.to_string())?,
+                );
             }
-            let writer = self.receiving.as_mut().ok_or("a chunk arrived for no snapshot in progress")?;
+            let writer = self
+                .receiving
+                .as_mut()
+                .ok_or("a chunk arrived for no snapshot in progress")?;
             if writer.meta().index != meta.index {
-                return Err(format!("chunk of snapshot {} while receiving {}", meta.index, writer.meta().index));
+                return Err(format!(
+                    "chunk of snapshot {} while receiving {}",
+                    meta.index,
+                    writer.meta().index
+                ));
             }
             writer.write(offset, data).map_err(|e| e.to_string())?;
             if done {
                 let writer = self.receiving.take().ok_or("no snapshot in progress")?;
-                self.storage.install_snapshot(writer).map_err(|e| e.to_string())?;
+                self.storage
+                    .install_snapshot(writer)
+                    .map_err(|e| e.to_string())?;
                 let bytes = self
                     .storage
                     .snapshots
                     .read_all(KV_GROUP, meta.index)
                     .map_err(|e| e.to_string())?
                     .ok_or("the installed snapshot is missing")?;
-                self.state.lock().restore(&bytes).map_err(|e| e.to_string())?;
+                self.state
+                    .lock()
+                    .restore(&bytes)
+                    .map_err(|e| e.to_string())?;
                 self.applied = meta.index;
                 self.snapshot_index = meta.index;
-                tracing::info!(index = meta.index, bytes = bytes.len(), "installed a snapshot from the leader");
+                tracing::info!(
+                    index = meta.index,
+                    bytes = bytes.len(),
+                    "installed a snapshot from the leader"
+                );
             }
             Ok(())
         })();
@@ -597,40 +734,178 @@ impl Driver {
     }
 
     /// Takes a snapshot of the state machine every `snapshot_interval_entries`.
+    ///
+    /// The state is serialized here (it must be the state at `applied`), but
+    /// the bytes are written to disk on a blocking thread: a state of
+    /// hundreds of MB would otherwise stall heartbeats, appends and client
+    /// calls for as long as the write takes. The snapshot is completed (synced
+    /// and renamed into place) when the thread hands it back.
     fn maybe_snapshot(&mut self) -> Result<(), DriverError> {
-        if self.applied < self.snapshot_index + self.config.snapshot_interval_entries {
+        if self.snapshot_building.is_some()
+            || self.applied < self.snapshot_index + self.config.snapshot_interval_entries
+        {
             return Ok(());
         }
         let index = self.applied;
         let Some(term) = self.node.term_at(index) else {
             return Ok(());
         };
-        let meta = ferry_raft::SnapshotMeta { index, term, config: self.node.config().clone() };
+        let meta = ferry_raft::SnapshotMeta {
+            index,
+            term,
+            config: self.node.config().clone(),
+        };
+        let serialize_started = Instant::now();
         let data = self.state.lock().snapshot();
+        let serialize_ms = serialize_started.elapsed().as_millis();
         let mut writer = self.storage.begin_snapshot(KV_GROUP, meta)?;
-        writer.write(0, &data)?;
+        self.snapshot_building = Some(index);
+        tracing::debug!(
+            index,
+            bytes = data.len(),
+            serialize_ms,
+            "writing a snapshot"
+        );
+        let done = self.snapshot_written_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let outcome = writer.write(0, &data);
+            // The driver holds the receiver until it stops; a send after
+            // that has nobody to tell, and the temporary file is removed
+            // by the next start.
+            let _ = done.blocking_send((writer, outcome));
+        });
+        Ok(())
+    }
+
+    /// Completes a snapshot whose data a blocking thread wrote, and tells
+    /// the engine (which may then compact the log).
+    fn on_snapshot_written(
+        &mut self,
+        writer: SnapshotWriter<FsDisk>,
+        outcome: Result<(), StorageError>,
+    ) -> Result<(), DriverError> {
+        let index = writer.meta().index;
+        debug_assert_eq!(self.snapshot_building, Some(index));
+        self.snapshot_building = None;
+        outcome?;
+        if index <= self.snapshot_index {
+            // A snapshot from the leader was installed meanwhile and is newer.
+            tracing::debug!(
+                index,
+                newer = self.snapshot_index,
+                "dropping a local snapshot overtaken by an installed one"
+            );
+            return Ok(());
+        }
+        let finish_started = Instant::now();
         self.storage.save_snapshot(writer)?;
         self.snapshot_index = index;
-        tracing::debug!(index, bytes = data.len(), "took a snapshot");
-        self.step(Input::SnapshotBuilt { index })
+        tracing::debug!(
+            index,
+            finish_ms = finish_started.elapsed().as_millis(),
+            "took a snapshot"
+        );
+        self.step(Input::SnapshotBuilt { index })?;
+        // More may have been applied while it was written.
+        self.maybe_snapshot()
+    }
+
+    /// Makes the transport dial exactly the other members of the current
+    /// configuration, at the addresses known for them. A member whose
+    /// address is not known yet (its record is not applied yet) is dialed
+    /// once it is.
+    fn reconcile_peers(&mut self) {
+        let members = self.node.config().members();
+        let dialed = self.transport.peer_ids();
+        let wanted: Vec<(NodeId, String)> = {
+            let machine = self.state.lock();
+            members
+                .iter()
+                .filter(|id| **id != self.config.node_id && !dialed.contains(id))
+                .filter_map(|id| {
+                    member_addrs(&self.config.members, machine.kv().member_records(), *id)
+                        .filter(|addrs| !addrs.peer_addr.is_empty())
+                        .map(|addrs| (*id, addrs.peer_addr))
+                })
+                .collect()
+        };
+        for (id, addr) in wanted {
+            tracing::info!(peer = id, %addr, "dialing a new member");
+            self.transport.add_peer(id, addr);
+        }
+        for id in dialed {
+            if !members.contains(&id) {
+                tracing::info!(peer = id, "no longer dialing a removed member");
+                self.transport.remove_peer(id);
+            }
+        }
+    }
+
+    /// Records this node's own addresses in the replicated state (as etcd's
+    /// members publish theirs), so that every member, and every member added
+    /// later, can reach it and forward to it. Retried until the record is in.
+    fn publish_self(&mut self) -> Result<(), DriverError> {
+        if self.ticks < self.self_publish_tick || self.node.leader().is_none() {
+            return Ok(());
+        }
+        let me = self.config.node_id;
+        if !self.node.config().contains(me) {
+            return Ok(());
+        }
+        let Some(mine) = self.config.members.get(&me).cloned() else {
+            return Ok(());
+        };
+        let recorded = {
+            let machine = self.state.lock();
+            machine.kv().member_records().get(&me).cloned()
+        };
+        if recorded.is_some_and(|r| r.peer_addr == mine.peer_addr && r.client_url == mine.client_url) {
+            return Ok(());
+        }
+        // Not again before the proposal had time to apply.
+        self.self_publish_tick = self.ticks + 50;
+        let record = crate::command::command(crate::command::CommandKind::MemberRecord(
+            crate::pb::ferrypb::MemberRecordCommand {
+                id: me,
+                name: mine.name,
+                peer_addr: mine.peer_addr,
+                client_url: mine.client_url,
+            },
+        ));
+        let id = RequestId(self.next_request_id);
+        self.next_request_id += 1;
+        let bytes = crate::command::encode_command(&record);
+        self.step(Input::Client { id, request: Request::Propose(Bytes::from(bytes)) })
     }
 
     /// Publishes the node's view for the API. Runs after every step, so it
     /// reads fields rather than building a full status.
-    fn publish_status(&self) {
-        let mut view = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let config = self.node.config();
-        if view.config != *config {
-            view.config = config.clone();
-        }
-        let published = &mut view.status;
-        published.leader_id = self.node.leader().unwrap_or(0);
-        published.raft_term = self.node.term();
-        published.raft_index = self.node.last_index();
-        published.raft_applied_index = self.node.applied_index();
-        published.is_learner = config.is_learner(self.config.node_id);
-        if self.removed && published.errors.is_empty() {
-            published.errors.push("this member has been removed from the cluster".into());
+    fn publish_status(&mut self) {
+        let config_changed = {
+            let mut view = self
+                .view
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let config = self.node.config();
+            let changed = view.config != *config;
+            if changed {
+                view.config = config.clone();
+            }
+            let published = &mut view.status;
+            published.leader_id = self.node.leader().unwrap_or(0);
+            published.raft_term = self.node.term();
+            published.raft_index = self.node.last_index();
+            published.raft_applied_index = self.node.applied_index();
+            published.is_learner = config.is_learner(self.config.node_id);
+            if self.removed && published.errors.is_empty() {
+                published
+                    .errors
+                    .push("this member has been removed from the cluster".into());
+            }
+            changed
+        };
+        if config_changed {
+            self.reconcile_peers();
         }
     }
 }

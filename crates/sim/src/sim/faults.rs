@@ -1,0 +1,253 @@
+//! Fault injection: crashes and restarts, pauses, partitions, clogged
+//! links, clock jumps and drift, drawn from the run's generator.
+
+use super::*;
+
+impl Simulation {
+    pub(super) fn next_fault(&mut self) {
+        if self.phase != Phase::Main {
+            return;
+        }
+        let f = self.config.faults.clone();
+        let next = self.rng.range(1, 2 * f.mean_interval_us);
+        self.schedule(next, Event::NextFault);
+        let weights = [
+            f.crash_weight,
+            f.pause_weight,
+            f.partition_weight,
+            f.clog_weight,
+            f.clock_jump_weight,
+            f.drift_weight,
+        ];
+        let total: u64 = weights.iter().sum();
+        if total == 0 {
+            return;
+        }
+        let mut draw = self.rng.range(0, total);
+        let mut kind = 0;
+        for (i, w) in weights.iter().enumerate() {
+            if draw < *w {
+                kind = i;
+                break;
+            }
+            draw -= w;
+        }
+        let running: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter(|n| n.running())
+            .map(|n| n.id)
+            .collect();
+        let election_ticks = u64::from(self.config.engine.election_timeout_ticks);
+        match kind {
+            0 => {
+                let crashed = self
+                    .nodes
+                    .values()
+                    .filter(|n| n.started && !n.running())
+                    .count();
+                if crashed >= f.crashed_max {
+                    return;
+                }
+                if let Some(&victim) = self.rng.pick(&running) {
+                    self.crash(victim);
+                    let down = self.rng.range(1, 6 * election_ticks) * TICK_US;
+                    self.schedule(down, Event::Restart { node: victim });
+                }
+            }
+            1 => {
+                let candidates: Vec<NodeId> = running
+                    .iter()
+                    .copied()
+                    .filter(|id| self.nodes.get(id).is_some_and(|n| !n.paused))
+                    .collect();
+                if let Some(&victim) = self.rng.pick(&candidates) {
+                    if let Some(n) = self.nodes.get_mut(&victim) {
+                        n.paused = true;
+                    }
+                    self.log(Some(victim), "pause");
+                    // Now and then a long stop, like a VM migration: the
+                    // backlog then overflows the inbox.
+                    let longest = if self.rng.chance_percent(20) { 30 } else { 8 };
+                    let duration = self.rng.range(1, longest * election_ticks) * TICK_US;
+                    self.schedule(duration, Event::Resume { node: victim });
+                }
+            }
+            2 => {
+                if !self.net.partition().blocked.is_empty() {
+                    self.apply_partition(Partition::default());
+                    return;
+                }
+                let ids = self.all_ids.clone();
+                let partition = match self.rng.range(0, 3) {
+                    0 => {
+                        let side = ids
+                            .iter()
+                            .copied()
+                            .filter(|_| self.rng.chance_percent(50))
+                            .collect();
+                        Partition::halves(&ids, &side)
+                    }
+                    1 => match self.rng.pick(&ids) {
+                        Some(&node) => Partition::isolate(&ids, node),
+                        None => return,
+                    },
+                    _ => {
+                        let count = self.rng.range_inclusive(1, ids.len() as u64);
+                        let mut links = Vec::new();
+                        for _ in 0..count {
+                            let a = ids[self.rng.index(ids.len()).unwrap_or(0)];
+                            let b = ids[self.rng.index(ids.len()).unwrap_or(0)];
+                            if a != b {
+                                links.push((a, b));
+                            }
+                        }
+                        self.coverage.hit(Counter::OneWayPartition);
+                        Partition::one_way(links)
+                    }
+                };
+                self.apply_partition(partition);
+                let generation = self.partition_generation;
+                let duration = self.rng.range(1, 10 * election_ticks) * TICK_US;
+                self.schedule(duration, Event::HealPartition { generation });
+            }
+            3 => {
+                let ids = self.all_ids.clone();
+                let a = ids[self.rng.index(ids.len()).unwrap_or(0)];
+                let b = ids[self.rng.index(ids.len()).unwrap_or(0)];
+                if a == b || self.net.is_clogged(a, b) {
+                    return;
+                }
+                self.net.clog(a, b);
+                self.log(None, &format!("clog n{a}->n{b}"));
+                let duration = self.rng.range(1, 6 * election_ticks) * TICK_US;
+                self.schedule(duration, Event::Unclog { from: a, to: b });
+            }
+            4 => {
+                let candidates: Vec<NodeId> = running
+                    .iter()
+                    .copied()
+                    .filter(|id| self.nodes.get(id).is_some_and(|n| !n.paused))
+                    .collect();
+                if let Some(&node) = self.rng.pick(&candidates) {
+                    let ticks = self.rng.range_inclusive(1, 2 * election_ticks);
+                    self.log(Some(node), &format!("clock jumps {ticks} ticks"));
+                    self.coverage.hit(Counter::ClockJump);
+                    for _ in 0..ticks {
+                        if self.failure.is_some() || !self.is_running(node) {
+                            break;
+                        }
+                        self.step(node, Input::Tick);
+                    }
+                }
+            }
+            _ => {
+                if let Some(&node) = self.rng.pick(&running) {
+                    let period = Self::drifted_period(&mut self.rng, f.drift_percent_max);
+                    if let Some(n) = self.nodes.get_mut(&node) {
+                        n.tick_period_us = period;
+                    }
+                    self.log(Some(node), &format!("clock rate: tick every {period}us"));
+                }
+            }
+        }
+    }
+
+    pub(super) fn apply_partition(&mut self, partition: Partition) {
+        let ids = self.all_ids.clone();
+        let healing = partition.blocked.is_empty() && !self.net.partition().blocked.is_empty();
+        self.partition_generation += 1;
+        self.log(None, &format!("partition blocked={:?}", partition.blocked));
+        let (broke, restored) = self.net.set_partition(partition, &ids);
+        if healing {
+            self.coverage.hit(Counter::PartitionHealed);
+        }
+        for (a, b) in broke {
+            self.feed(a, Input::PeerDisconnected(b));
+            self.feed(b, Input::PeerDisconnected(a));
+        }
+        for (a, b) in restored {
+            if self.is_running(a) && self.is_running(b) {
+                self.connect_pair(a, b);
+            }
+        }
+    }
+
+    pub(super) fn crash(&mut self, id: NodeId) {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        if !node.running() {
+            return;
+        }
+        if node.disk.has_unsynced() {
+            self.coverage.hit(Counter::UnsyncedWritesLost);
+        }
+        node.disk.crash();
+        node.engine = None;
+        node.paused = false;
+        node.inbox.clear();
+        node.snapshot_in_progress = false;
+        self.log(Some(id), "crash");
+        // Clients connected to it lose their connection.
+        let owned: Vec<(NodeId, RequestId)> = self
+            .owners
+            .range((id, RequestId(0))..=(id, RequestId(u64::MAX)))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in owned {
+            if let Some(Owner::Client { slot, uid }) = self.owners.remove(&key) {
+                self.client_connection_lost(slot, uid);
+            }
+        }
+        for slot in 0..self.clients.len() {
+            if let Some(op) = self.clients[slot].op {
+                if let Awaiting::Apply { node, .. } = op.awaiting {
+                    if node == id {
+                        self.client_connection_lost(slot, op.uid);
+                    }
+                }
+            }
+        }
+        let peers: Vec<NodeId> = self.all_ids.iter().copied().filter(|&p| p != id).collect();
+        for peer in peers {
+            if self.net.connected(id, peer) {
+                self.feed(peer, Input::PeerDisconnected(id));
+            }
+        }
+    }
+
+    pub(super) fn resume(&mut self, id: NodeId) {
+        let inbox = match self.nodes.get_mut(&id) {
+            Some(n) if n.paused => {
+                n.paused = false;
+                std::mem::take(&mut n.inbox)
+            }
+            _ => return,
+        };
+        self.log(
+            Some(id),
+            &format!("resume with {} queued inputs", inbox.len()),
+        );
+        self.coverage.hit(Counter::PausedNodeResumed);
+        for input in inbox {
+            if self.failure.is_some() || !self.is_running(id) {
+                break;
+            }
+            self.step(id, input);
+        }
+    }
+
+    pub(super) fn unclog(&mut self, from: NodeId, to: NodeId) {
+        let held = self.net.unclog(from, to);
+        self.log(
+            None,
+            &format!("unclog n{from}->n{to} releasing {}", held.len()),
+        );
+        self.coverage.hit(Counter::LinkClogHealed);
+        for message in held {
+            let delay = self.net.delay_us(&mut self.rng);
+            self.schedule(delay, Event::Deliver(message));
+        }
+    }
+}

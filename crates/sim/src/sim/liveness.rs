@@ -1,0 +1,159 @@
+//! The liveness phase: every fault off, then the cluster must converge
+//! within a bound counted in election timeouts.
+
+use super::*;
+
+impl Simulation {
+    pub(super) fn liveness_bound_us(&self) -> u64 {
+        let election = u64::from(self.config.engine.election_timeout_ticks) * TICK_US;
+        // Slow clocks stretch timeouts; allow for the slowest drift.
+        let stretch = 100 + self.config.faults.drift_percent_max;
+        self.config.liveness_election_timeouts * election * stretch / 100 + self.client_timeout_us()
+    }
+
+    pub(super) fn start_liveness(&mut self) {
+        if self.phase != Phase::Main {
+            return;
+        }
+        let deadline_us = self.now_us + self.liveness_bound_us();
+        self.phase = Phase::Liveness { deadline_us };
+        self.liveness_started_us = self.now_us;
+        self.log(None, "liveness phase: faults off");
+        let mut net = self.net.config().clone();
+        net.loss_ppm = 0;
+        net.duplicate_ppm = 0;
+        net.slow_ppm = 0;
+        self.net.set_config(net);
+        if !self.net.partition().blocked.is_empty() {
+            self.apply_partition(Partition::default());
+        }
+        for (from, to) in self.net.clogged_links() {
+            self.unclog(from, to);
+        }
+        // Clock drift is a fault too: every clock runs at the nominal rate.
+        for node in self.nodes.values_mut() {
+            node.tick_period_us = TICK_US;
+        }
+        let ids: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter(|n| n.started)
+            .map(|n| n.id)
+            .collect();
+        for id in ids {
+            if !self.is_running(id) {
+                self.coverage.hit(Counter::CrashRestart);
+                self.start_node(id);
+            } else {
+                self.resume(id);
+            }
+        }
+        self.schedule(TICK_US, Event::LivenessCheck);
+    }
+
+    /// Why the cluster has not converged yet; `None` once it has.
+    pub(super) fn convergence_gap(&self) -> Option<String> {
+        let Some(leader_id) = self.leader() else {
+            return Some("no leader".into());
+        };
+        let leader = self.engine(leader_id)?;
+        let config = leader.config();
+        if config.is_joint() {
+            return Some(format!(
+                "leader {leader_id} is still in a joint configuration"
+            ));
+        }
+        if leader.commit_index() < leader.last_index() {
+            return Some(format!(
+                "leader {leader_id} has committed {} of {}",
+                leader.commit_index(),
+                leader.last_index()
+            ));
+        }
+        for member in config.members() {
+            let Some(engine) = self.engine(member) else {
+                return Some(format!("member {member} is not running"));
+            };
+            let applied = self.machine(member).map_or(0, |m| m.applied());
+            if member != leader_id
+                && (engine.leader() != Some(leader_id) || engine.term() != leader.term())
+            {
+                return Some(format!(
+                    "member {member} follows {:?} in term {}, not {leader_id} in term {}",
+                    engine.leader(),
+                    engine.term(),
+                    leader.term()
+                ));
+            }
+            if engine.commit_index() != leader.commit_index() || applied != leader.commit_index() {
+                return Some(format!(
+                    "member {member} has commit {} applied {applied}, leader {leader_id} commit {}",
+                    engine.commit_index(),
+                    leader.commit_index()
+                ));
+            }
+        }
+        let other_leaders = self
+            .nodes
+            .values()
+            .filter_map(|n| n.engine.as_ref())
+            .filter(|e| e.role() == Role::Leader && e.id() != leader_id)
+            .count();
+        if other_leaders > 0 {
+            return Some(format!("{other_leaders} other nodes still think they lead"));
+        }
+        if let Some(c) = self.clients.iter().find(|c| c.op.is_some()) {
+            return Some(format!(
+                "client c{} has an operation in flight",
+                c.client_id
+            ));
+        }
+        None
+    }
+
+    pub(super) fn liveness_check(&mut self) {
+        let Phase::Liveness { deadline_us } = self.phase else {
+            return;
+        };
+        match self.convergence_gap() {
+            None => {
+                self.log(None, "liveness: converged");
+                self.converged_after_us = Some(self.now_us - self.liveness_started_us);
+                self.phase = Phase::Done;
+            }
+            Some(gap) if self.now_us >= deadline_us => {
+                let states: Vec<String> = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.engine.as_ref())
+                    .map(|e| {
+                        format!(
+                            "n{}:{:?}/t{}/leader{:?}/last{}/commit{}/applied{}{}",
+                            e.id(),
+                            e.role(),
+                            e.term(),
+                            e.leader(),
+                            e.last_index(),
+                            e.commit_index(),
+                            e.applied_index(),
+                            if e.is_receiving_snapshot() {
+                                "/receiving-snapshot"
+                            } else {
+                                ""
+                            }
+                        )
+                    })
+                    .collect();
+                self.fail(
+                    FailureKind::Liveness,
+                    format!(
+                        "not converged {}us after faults stopped: {gap}; nodes: {}",
+                        self.liveness_bound_us(),
+                        states.join(" ")
+                    ),
+                );
+            }
+            Some(_) => self.schedule(TICK_US, Event::LivenessCheck),
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! The checks check something: with a deliberately broken runtime, seeds
+//! must fail, and with the failure kind that names the broken promise.
+
+use ferry_sim::config::{Sabotage, SimConfig};
+use ferry_sim::{run_config, FailureKind};
+
+fn first_failure(sabotage: Sabotage, seeds: u64) -> Option<(u64, ferry_sim::Failure)> {
+    (0..seeds).find_map(|seed| {
+        let mut config = SimConfig::random(seed, None);
+        config.sabotage = sabotage;
+        run_config(config).failure.map(|f| (seed, f))
+    })
+}
+
+#[test]
+fn acknowledging_before_sync_is_caught() {
+    let (seed, failure) = first_failure(Sabotage::PersistedBeforeSync, 200)
+        .expect("no seed noticed writes reported durable before their sync");
+    assert_eq!(
+        failure.kind,
+        FailureKind::Durability,
+        "seed {seed}: {failure}"
+    );
+}
+
+#[test]
+fn reads_without_read_index_are_caught() {
+    let (seed, failure) = first_failure(Sabotage::LocalReads, 200)
+        .expect("no seed noticed reads served without ReadIndex");
+    assert_eq!(
+        failure.kind,
+        FailureKind::Linearizability,
+        "seed {seed}: {failure}"
+    );
+}
+
+#[test]
+fn honest_runtime_passes_the_same_seeds() {
+    for seed in 0..20 {
+        let report = run_config(SimConfig::random(seed, None));
+        assert!(
+            report.failure.is_none(),
+            "seed {seed}: {:?}",
+            report.failure
+        );
+    }
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# CI: Debian's etcdctl against `ferry dev`.
+#
+# Usage: scripts/ci-etcdctl.sh PATH/TO/ferry
+#
+# Builds nothing. Starts `ferry dev` (three `ferry serve` processes on
+# 127.0.0.1, client ports 2379, 22379, 32379) with its data in a fresh
+# temporary folder, waits for it to report a leader, runs
+# scripts/etcdctl-compat.sh once against each endpoint alone (so that
+# followers, which forward to the leader, are exercised as much as the
+# leader) and once against all three, then stops `ferry dev` with SIGINT
+# and checks that it, and every node it started, exits cleanly.
+# Exits non-zero on any failure, printing the node logs.
+set -uo pipefail
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 PATH/TO/ferry" >&2
+  exit 2
+fi
+FERRY="$(realpath "$1")"
+if [[ ! -x "$FERRY" ]]; then
+  echo "ci-etcdctl: $1 is not an executable (build it first: cargo build --release -p ferry)" >&2
+  exit 2
+fi
+if ! command -v etcdctl >/dev/null 2>&1; then
+  echo "ci-etcdctl: etcdctl is not on PATH (Debian: apt-get install -y etcd-client)" >&2
+  exit 2
+fi
+SCRIPTS="$(cd "$(dirname "$0")" && pwd)"
+DIR="$(mktemp -d)"
+DEV_PID=""
+NODE_PIDS=""
+failures=0
+
+dump_logs() {
+  for log in "$DIR"/dev.out "$DIR"/ferry-dev/node*.log; do
+    [[ -f "$log" ]] || continue
+    echo "---- $log (last 40 lines)"
+    tail -n 40 "$log"
+  done
+}
+
+cleanup() {
+  if [[ -n "$DEV_PID" ]] && kill -0 "$DEV_PID" 2>/dev/null; then
+    kill -KILL "$DEV_PID" 2>/dev/null
+  fi
+  # The nodes this run's `ferry dev` started, by their process ids.
+  for pid in $NODE_PIDS; do
+    kill -KILL "$pid" 2>/dev/null
+  done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "ci-etcdctl: FAIL: $*"
+  failures=$((failures + 1))
+}
+
+for port in 2379 22379 32379 2380 22380 32380; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "ci-etcdctl: port $port is already in use; ferry dev needs it" >&2
+    exit 1
+  fi
+done
+
+cd "$DIR" || exit 1
+"$FERRY" dev --dir "$DIR/ferry-dev" >"$DIR/dev.out" 2>&1 &
+DEV_PID=$!
+
+# Wait for `ferry dev` to print its endpoints (it does so once there is a leader).
+ready=0
+for _ in $(seq 1 300); do
+  if grep -q "endpoints" "$DIR/dev.out" 2>/dev/null; then
+    ready=1
+    break
+  fi
+  if ! kill -0 "$DEV_PID" 2>/dev/null; then
+    break
+  fi
+  sleep 0.1
+done
+if [[ "$ready" -ne 1 ]] || ! grep -q "is the leader" "$DIR/dev.out"; then
+  echo "ci-etcdctl: ferry dev did not come up with a leader"
+  dump_logs
+  exit 1
+fi
+cat "$DIR/dev.out"
+NODE_PIDS="$(pgrep -P "$DEV_PID" | tr '\n' ' ')"
+if [[ "$(wc -w <<<"$NODE_PIDS")" -ne 3 ]]; then
+  fail "ferry dev should run three node processes, found: $NODE_PIDS"
+fi
+
+for endpoints in 127.0.0.1:2379 127.0.0.1:22379 127.0.0.1:32379 127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379; do
+  echo "== etcdctl-compat against $endpoints"
+  if ! ENDPOINTS="$endpoints" "$SCRIPTS/etcdctl-compat.sh"; then
+    fail "etcdctl-compat against $endpoints"
+  fi
+done
+
+echo "== member list and endpoint status over every endpoint"
+ALL=127.0.0.1:2379,127.0.0.1:22379,127.0.0.1:32379
+members="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" member list 2>&1)"
+echo "$members"
+if [[ "$(grep -c started <<<"$members")" -ne 3 ]]; then
+  fail "member list should show three started members"
+fi
+status="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" endpoint status 2>&1)"
+echo "$status"
+if [[ "$(grep -c '^127.0.0.1:' <<<"$status")" -ne 3 ]]; then
+  fail "endpoint status should answer for all three endpoints"
+fi
+# Exactly one endpoint says it is the leader (column IS LEADER = true).
+if [[ "$(grep -c ', true, ' <<<"$status")" -ne 1 ]]; then
+  fail "endpoint status should show exactly one leader"
+fi
+
+echo "== stopping ferry dev with SIGINT"
+kill -INT "$DEV_PID"
+stopped=0
+for _ in $(seq 1 300); do
+  if ! kill -0 "$DEV_PID" 2>/dev/null; then
+    stopped=1
+    break
+  fi
+  sleep 0.1
+done
+if [[ "$stopped" -ne 1 ]]; then
+  fail "ferry dev did not stop within 30 s of SIGINT"
+else
+  wait "$DEV_PID"
+  status_code=$?
+  DEV_PID=""
+  if [[ "$status_code" -ne 0 ]]; then
+    fail "ferry dev exited with status $status_code after SIGINT"
+  fi
+fi
+for pid in $NODE_PIDS; do
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "node process $pid is still running after ferry dev stopped"
+  fi
+done
+for n in 1 2 3; do
+  if ! grep -q "node stopped cleanly" "$DIR/ferry-dev/node$n.log"; then
+    fail "node $n did not log a clean stop"
+  fi
+done
+tail -n 3 "$DIR/dev.out"
+
+if [[ "$failures" -ne 0 ]]; then
+  dump_logs
+  echo "ci-etcdctl: $failures failure(s)"
+  exit 1
+fi
+echo "ci-etcdctl: all checks passed"
