@@ -115,6 +115,28 @@ if [[ "$(grep -c ', true, ' <<<"$status")" -ne 1 ]]; then
   fail "endpoint status should show exactly one leader"
 fi
 
+echo "== member add --learner / member remove at run time"
+added="$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:22379 member add ferry-4 --peer-urls=http://127.0.0.1:42380 --learner 2>&1)"
+echo "$added"
+new_id="$(sed -n 's/^Member *\([0-9a-f]*\) added to cluster.*/\1/p' <<<"$added")"
+if [[ -z "$new_id" ]]; then
+  fail "member add --learner"
+else
+  listed="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" member list 2>&1)"
+  echo "$listed"
+  if ! grep -q "^$new_id, unstarted, , http://127.0.0.1:42380, , true" <<<"$listed"; then
+    fail "member list should show the new learner as unstarted"
+  fi
+  removed="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" member remove "$new_id" 2>&1)"
+  echo "$removed"
+  if ! grep -Eq "^Member +$new_id removed from cluster" <<<"$removed"; then
+    fail "member remove of the learner"
+  fi
+  if [[ "$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" member list 2>&1 | wc -l)" -ne 3 ]]; then
+    fail "member list should be back to three members"
+  fi
+fi
+
 echo "== stopping ferry dev with SIGINT"
 kill -INT "$DEV_PID"
 stopped=0

@@ -6,13 +6,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ferry_server::pb::etcdserverpb::cluster_client::ClusterClient;
 use ferry_server::pb::etcdserverpb::kv_client::KvClient;
 use ferry_server::pb::etcdserverpb::lease_client::LeaseClient;
 use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
 use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
 use ferry_server::pb::etcdserverpb::{
-    LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
+    LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, Member, MemberAddRequest,
+    MemberListRequest, MemberPromoteRequest, MemberRemoveRequest, PutRequest, RangeRequest,
     StatusRequest, WatchCreateRequest, WatchRequest,
 };
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
@@ -33,6 +35,8 @@ struct Node {
     peer_port: u16,
     data_dir: PathBuf,
     child: Option<Child>,
+    /// Whether it starts with `--join` (added at run time).
+    join: bool,
 }
 
 struct Cluster {
@@ -59,6 +63,7 @@ impl Cluster {
                 peer_port: free_port(),
                 data_dir: dir.join(format!("node{id}")),
                 child: None,
+                join: false,
             })
             .collect();
         let members = nodes
@@ -104,11 +109,35 @@ impl Cluster {
             command.args(["--member", member]);
         }
         command.args(&self.extra_args);
+        if node.join {
+            command.arg("--join");
+        }
         command
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         node.child = Some(command.spawn().unwrap());
+    }
+
+    /// Makes room for node `id` added at run time (started with `--join`);
+    /// returns its peer URL for MemberAdd.
+    fn add_joining_node(&mut self, id: u64) -> String {
+        assert_eq!(id as usize, self.nodes.len() + 1);
+        let node = Node {
+            id,
+            client_port: free_port(),
+            peer_port: free_port(),
+            data_dir: self.dir.join(format!("node{id}")),
+            child: None,
+            join: true,
+        };
+        self.members.push(format!(
+            "{id}=127.0.0.1:{},http://127.0.0.1:{}",
+            node.peer_port, node.client_port
+        ));
+        let peer_url = format!("http://127.0.0.1:{}", node.peer_port);
+        self.nodes.push(node);
+        peer_url
     }
 
     /// Kills a node without warning (SIGKILL).
@@ -775,4 +804,128 @@ async fn a_follower_receiving_a_large_snapshot_answers_every_request_and_catches
             .into_inner();
         assert!(local.kvs.len() == 1 && local.kvs[0].value == big_value(i, BIG_VALUE_BYTES));
     }
+}
+
+/// The member list as node `id` reports it.
+async fn member_list(cluster: &Cluster, id: u64) -> Vec<Member> {
+    ClusterClient::new(connect(cluster, id).await)
+        .member_list(MemberListRequest { linearizable: true })
+        .await
+        .unwrap_or_else(|status| panic!("member list via node {id}: {status}"))
+        .into_inner()
+        .members
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_at_run_time_joins_is_promoted_and_another_is_removed() {
+    let mut cluster = Cluster::new("membership", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let follower = a_follower(leader, &[1, 2, 3]);
+    for i in 0..20 {
+        put(&cluster, leader, &format!("m{i}"), &i.to_string()).await;
+    }
+
+    // MemberAdd through a follower, as a learner.
+    let peer_url = cluster.add_joining_node(4);
+    let added = ClusterClient::new(connect(&cluster, follower).await)
+        .member_add(MemberAddRequest {
+            peer_ur_ls: vec![peer_url.clone()],
+            is_learner: true,
+        })
+        .await
+        .unwrap_or_else(|status| panic!("member add: {status}\n{}", cluster.log()))
+        .into_inner();
+    let member = added.member.unwrap();
+    assert_eq!(member.id, 4);
+    assert!(member.is_learner);
+    assert_eq!(member.peer_ur_ls, vec![peer_url.clone()]);
+    assert_eq!(added.members.len(), 4);
+    // The same peer URL twice is refused, as etcd does.
+    let again = ClusterClient::new(connect(&cluster, leader).await)
+        .member_add(MemberAddRequest {
+            peer_ur_ls: vec![peer_url.clone()],
+            is_learner: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition, "{again}");
+
+    // The new node starts empty and learns everything from the leader.
+    cluster.start(4);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local_get(&cluster, 4, "m19").await.as_deref() != Some("19") {
+        assert!(
+            Instant::now() < deadline,
+            "the learner did not catch up\n{}",
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Promote it (retrying while the leader thinks it is not caught up).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match ClusterClient::new(connect(&cluster, leader).await)
+            .member_promote(MemberPromoteRequest { id: 4 })
+            .await
+        {
+            Ok(_) => break,
+            Err(status) => assert!(
+                Instant::now() < deadline,
+                "promote: {status}\n{}",
+                cluster.log()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every node, the new one included, lists four voters, and the new
+    // member has published its client URL.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for id in 1..=4 {
+        loop {
+            let members = member_list(&cluster, id).await;
+            let four = members.iter().find(|m| m.id == 4);
+            if members.len() == 4
+                && members.iter().all(|m| !m.is_learner)
+                && four.is_some_and(|m| m.client_ur_ls == vec![cluster.url(4)])
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} lists {members:?}\n{}",
+                cluster.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // Remove a founding follower; it stops counting toward the quorum.
+    let removed = *[1, 2, 3]
+        .iter()
+        .find(|id| **id != leader && **id != follower)
+        .unwrap();
+    let after = ClusterClient::new(connect(&cluster, 4).await)
+        .member_remove(MemberRemoveRequest { id: removed })
+        .await
+        .unwrap_or_else(|status| panic!("member remove: {status}\n{}", cluster.log()))
+        .into_inner()
+        .members;
+    let mut ids: Vec<u64> = after.iter().map(|m| m.id).collect();
+    ids.sort_unstable();
+    let mut expected = vec![leader, follower, 4];
+    expected.sort_unstable();
+    assert_eq!(ids, expected);
+    cluster.kill(removed);
+
+    // Members {leader, follower, 4}: with the leader gone too, the follower
+    // and the new member are a majority only if the new member truly votes.
+    cluster.kill(leader);
+    let new_leader = wait_for_leader(&cluster, &[follower, 4]).await;
+    put(&cluster, 4, "after-membership", "yes").await;
+    assert_eq!(
+        get(&cluster, follower, "after-membership").await.as_deref(),
+        Some("yes")
+    );
+    assert_eq!(get(&cluster, new_leader, "m7").await.as_deref(), Some("7"));
 }

@@ -294,12 +294,13 @@ impl KvState {
                 }))
             }
             Some(CommandKind::MemberRecord(record)) => {
-                let entry = self.members.entry(record.id).or_insert_with(|| {
-                    ferrypb::MemberRecordCommand {
-                        id: record.id,
-                        ..Default::default()
-                    }
-                });
+                let entry =
+                    self.members
+                        .entry(record.id)
+                        .or_insert_with(|| ferrypb::MemberRecordCommand {
+                            id: record.id,
+                            ..Default::default()
+                        });
                 for (field, new) in [
                     (&mut entry.name, &record.name),
                     (&mut entry.peer_addr, &record.peer_addr),

@@ -186,6 +186,56 @@ pub enum Sabotage {
     LocalReads,
 }
 
+/// The node storage of a run: the in-memory model alone, or the real
+/// storage code on a simulated disk beside it, with disk faults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// Whether nodes run on `ferry_storage::Storage` over a `SimDisk`.
+    pub real: bool,
+    /// The fewest disk ticks (of [`crate::real_storage::DISK_TICK_US`]) a sync takes.
+    pub sync_ticks_min: u64,
+    /// The most disk ticks a sync takes (large values are slow syncs).
+    pub sync_ticks_max: u64,
+    /// Weight of disk faults among the other faults (0: none).
+    pub fault_weight: u64,
+    /// Node ids kept aside to replace nodes whose disk was corrupted.
+    pub replacements: usize,
+}
+
+impl DiskConfig {
+    /// The in-memory model only, no disk faults.
+    pub fn model() -> Self {
+        DiskConfig {
+            real: false,
+            sync_ticks_min: 0,
+            sync_ticks_max: 0,
+            fault_weight: 0,
+            replacements: 0,
+        }
+    }
+
+    /// Half the seeds run on the real storage with disk faults.
+    pub fn random(rng: &mut SimRng) -> Self {
+        if !rng.chance_percent(50) {
+            return DiskConfig::model();
+        }
+        let sync_ticks_min = rng.range(0, 3);
+        let sync_ticks_max = sync_ticks_min
+            + if rng.chance_percent(30) {
+                rng.range(10, 60)
+            } else {
+                rng.range(1, 8)
+            };
+        DiskConfig {
+            real: true,
+            sync_ticks_min,
+            sync_ticks_max,
+            fault_weight: rng.range(1, 6),
+            replacements: 1,
+        }
+    }
+}
+
 /// Everything that shapes one run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
@@ -226,6 +276,8 @@ pub struct SimConfig {
     pub trace: bool,
     /// A deliberate runtime bug (tests of the checks only).
     pub sabotage: Sabotage,
+    /// The node storage and its faults.
+    pub disk: DiskConfig,
 }
 
 impl SimConfig {
@@ -254,6 +306,7 @@ impl SimConfig {
             peer_connected_events: true,
             trace: false,
             sabotage: Sabotage::None,
+            disk: DiskConfig::random(&mut rng),
         }
     }
 
@@ -278,6 +331,7 @@ impl SimConfig {
             peer_connected_events: true,
             trace: false,
             sabotage: Sabotage::None,
+            disk: DiskConfig::model(),
         }
     }
 
@@ -286,8 +340,14 @@ impl SimConfig {
         (1..=self.voters as u64).collect()
     }
 
-    /// Every node id of the run, voters and spares.
+    /// Every node id of the run: voters, spares and replacements.
     pub fn all_ids(&self) -> Vec<NodeId> {
-        (1..=(self.voters + self.spares) as u64).collect()
+        (1..=(self.voters + self.spares + self.disk.replacements) as u64).collect()
+    }
+
+    /// The ids kept aside to replace nodes whose disk was corrupted.
+    pub fn replacement_ids(&self) -> Vec<NodeId> {
+        let first = (self.voters + self.spares) as u64 + 1;
+        (first..first + self.disk.replacements as u64).collect()
     }
 }

@@ -95,6 +95,27 @@ counters! {
     ReadOk => "read_ok",
     /// A paused node's inbox overflowed and dropped messages.
     InboxOverflow => "inbox_overflow",
+    /// The nodes ran on the real storage code over a simulated disk.
+    RealStorageRun => "real_storage_run",
+    /// A real-storage crash lost writes that were not synced.
+    DiskUnsyncedLost => "disk_unsynced_lost",
+    /// Recovery cut a torn tail off the log.
+    TornTailCut => "torn_tail_cut",
+    /// The disk lost power in the middle of a write.
+    PowerLossMidWrite => "power_loss_mid_write",
+    /// A sync took long (at least two ticks).
+    SlowSync => "slow_sync",
+    /// A sync failed: the storage poisoned itself and the node stopped.
+    FailedSync => "failed_sync",
+    /// Opening a node's storage found a corrupt sector: the node stayed down.
+    CorruptFoundOnOpen => "corrupt_found_on_open",
+    /// A damaged sector at the very end of the log passed for a torn write
+    /// and was cut with synced data in it (the storage's documented limit);
+    /// the simulator, which knows it damaged the disk, keeps the node down.
+    CorruptTailTakenForTorn => "corrupt_tail_taken_for_torn",
+    /// A node with a corrupt disk was replaced: removed, and a new id added
+    /// as a learner and promoted.
+    NodeRepaired => "node_repaired",
 }
 
 /// Per-counter event counts of one seed.

@@ -17,6 +17,27 @@
 //! [`state_machine::RegisterMachine`] that snapshots every few entries, and
 //! an inbox that fills while the node is paused.
 //!
+//! ## Storage: the model, and the real code on a simulated disk
+//! Half the seeds ([`config::DiskConfig::random`]) also run every node on
+//! the real storage code, `ferry_storage::Storage` over a `SimDisk` seeded
+//! from the run's seed ([`real_storage::RealStorage`]), in lockstep with the
+//! model: persist requests are appended to the real log, a sync is prepared,
+//! executed on the simulated disk and completed after the disk's latency in
+//! simulated time (the durable seq it reports must equal the model's),
+//! snapshots go through the snapshot store and are read back from it, and a
+//! restart opens the storage on the disk as the crash left it (unsynced data
+//! lost, kept, or torn: the three `CrashMode`s). After each restart
+//! [`real_storage::check_restored`] proves that what came back is exactly
+//! the synced state plus a prefix of the writes in flight. Disk faults join
+//! the fault mix: a power loss in the middle of a write (a torn write), a
+//! failed sync (the storage poisons itself and the node stops, as the server
+//! does, to be restarted later), slow syncs, and a damaged sector. A node
+//! whose storage is found corrupt never runs on it again: it stays down and
+//! is replaced the documented way (removed from the group, its disk wiped,
+//! a reserved new id added as a learner and promoted). At most one disk per
+//! run is damaged, and only while every other voter can elect without it,
+//! so a majority stays healthy; liveness is judged over the healthy nodes.
+//!
 //! Faults in the main phase: crash and restart, pause and resume, partitions
 //! (random halves, one node isolated, one-way links) that heal, links that
 //! clog and release what they held, clock jumps and rate changes, message
@@ -57,6 +78,7 @@ pub mod coverage;
 pub mod history;
 pub mod lincheck;
 pub mod net;
+pub mod real_storage;
 pub mod rng;
 pub mod scenarios;
 pub mod sim;

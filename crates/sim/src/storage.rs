@@ -185,6 +185,15 @@ impl DurableState {
         Ok(())
     }
 
+    /// Applies one written request as a sync would (hard state, then
+    /// entries), checking the durable-state promises.
+    pub fn apply_request(&mut self, request: &PersistRequest) -> Result<(), StorageViolation> {
+        if let Some(hard_state) = request.hard_state {
+            self.set_hard_state(hard_state)?;
+        }
+        self.write_entries(request.seq, &request.entries)
+    }
+
     /// The state a restarting engine is handed.
     pub fn restored_state(&self) -> RestoredState {
         RestoredState {
@@ -277,10 +286,7 @@ impl DiskModel {
             let Some(request) = self.pending.pop_front() else {
                 break;
             };
-            if let Some(hard_state) = request.hard_state {
-                self.synced.set_hard_state(hard_state)?;
-            }
-            self.synced.write_entries(request.seq, &request.entries)?;
+            self.synced.apply_request(&request)?;
             self.durable_seq = self.durable_seq.max(request.seq);
         }
         Ok(())
@@ -295,6 +301,16 @@ impl DiskModel {
         } else {
             None
         }
+    }
+
+    /// The writes not yet durable, oldest first.
+    pub fn pending_requests(&self) -> Vec<PersistRequest> {
+        self.pending.iter().cloned().collect()
+    }
+
+    /// Whether a sync is running.
+    pub fn sync_in_flight(&self) -> bool {
+        self.sync_in_flight.is_some()
     }
 
     /// Whether writes are waiting for a sync.

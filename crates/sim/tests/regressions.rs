@@ -5,13 +5,22 @@
 //! seed's run is tied to this version of the simulator, so they guard the
 //! exact run that failed, while the staged tests guard the class).
 
-use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response};
-use ferry_sim::config::{SimConfig, TICK_US};
-use ferry_sim::run_seed;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response, Role};
+use ferry_sim::config::{DiskConfig, SimConfig, TICK_US};
+use ferry_sim::net::Partition;
+use ferry_sim::run_config;
 use ferry_sim::sim::{Interference, Simulation};
 
+/// Replays `seed` on the in-memory storage model, as the seed ran when it
+/// found its bug (seeds drawn for the real storage since then would
+/// otherwise run differently).
 fn assert_seed_passes(seed: u64) {
-    let report = run_seed(seed, None, false);
+    let mut config = SimConfig::random(seed, None);
+    config.disk = DiskConfig::model();
+    let report = run_config(config);
     if let Some(failure) = report.failure {
         panic!("seed {seed}: {failure}\nreplay: ferry sim --seed {seed} --trace");
     }
@@ -115,11 +124,132 @@ fn seed_521_ack_carries_current_term() {
     assert_seed_passes(521);
 }
 
+/// BUG-SIM-4, staged: a follower forwards a write and the network
+/// duplicates it. The first copy is proposed, but its answer is slow; the
+/// leader then hands leadership over, and the second copy reaches it as a
+/// follower, so the answer to the repeat reaches the follower first. The
+/// write must still be applied exactly once (the simulator fails the run
+/// on a second application of one client operation).
+#[test]
+fn duplicate_forward_reaching_a_former_leader_is_applied_once() {
+    let mut sim = Simulation::new(SimConfig::quiet(104, 3));
+    let leader = elect(&mut sim);
+    // Let the leader commit its first entry before the write comes.
+    let settled = sim.run_until_true(50 * TICK_US, TICK_US, |s| {
+        s.engine(leader)
+            .is_some_and(|e| e.commit_index() == e.last_index())
+    });
+    assert!(settled);
+    let others: Vec<u64> = (1..=3).filter(|&n| n != leader).collect();
+    let (follower, successor) = (others[0], others[1]);
+    let answers: Rc<RefCell<Vec<u64>>> = Rc::default();
+    let seen = Rc::clone(&answers);
+    let mut first_answer_delayed = false;
+    sim.set_message_hook(Box::new(move |now, m| match &m.body {
+        MessageBody::Forward { .. } if m.from == follower => {
+            Interference::DuplicateLate(8 * TICK_US)
+        }
+        MessageBody::ForwardResponse { .. } if m.from == leader && m.to == follower => {
+            seen.borrow_mut().push(now);
+            if first_answer_delayed {
+                Interference::None
+            } else {
+                first_answer_delayed = true;
+                Interference::Delay(20 * TICK_US)
+            }
+        }
+        _ => Interference::None,
+    }));
+    let write = sim.scenario_write(0, 4242);
+    let tag = sim.submit(follower, Request::Propose(write));
+    let proposed = sim.run_until_true(6 * TICK_US, TICK_US / 10, |_| !answers.borrow().is_empty());
+    assert!(proposed, "the first copy did not reach the leader");
+    let transfer = sim.submit(leader, Request::TransferLeadership(successor));
+    let stepped_down = sim.run_until_true(7 * TICK_US, TICK_US / 10, |s| {
+        s.engine(leader).is_some_and(|e| e.role() != Role::Leader)
+    });
+    assert!(
+        stepped_down,
+        "the leader did not hand over before the repeat"
+    );
+    let stepped_down_at = sim.now_us();
+    let answered = sim.run_until_true(200 * TICK_US, TICK_US, |s| s.probe_response(tag).is_some());
+    assert!(answered, "the write was never answered");
+    assert!(sim.run_liveness(), "{:?}", sim.failure());
+    let answers = answers.borrow();
+    assert!(
+        answers.len() >= 2 && answers[1] > stepped_down_at,
+        "the repeat did not reach the former leader after it stepped down: {answers:?}"
+    );
+    assert!(sim.probe_response(transfer).is_some());
+    assert_eq!(
+        sim.machine(successor).and_then(|m| m.get(0)),
+        Some(4242),
+        "answer {:?}, transfer {:?}, forward answers sent at {answers:?}, stepped down at {stepped_down_at}",
+        sim.probe_response(tag),
+        sim.probe_response(transfer),
+    );
+}
+
 /// BUG-SIM-4: a duplicated forward reaching a leader that has stepped down
 /// must not lead to the request being proposed twice.
 #[test]
 fn seed_1524_duplicate_forward_after_step_down() {
     assert_seed_passes(1524);
+}
+
+/// BUG-SIM-6, staged: a voter is removed while cut off, so it does not
+/// learn of its removal; with pre-vote and check-quorum off, once the cut
+/// heals it must neither depose the leader with its campaigns (it may learn
+/// of its removal, or be ignored) nor keep the group from converging.
+#[test]
+fn removed_voter_that_never_learned_it_does_not_disrupt() {
+    let mut config = SimConfig::quiet(106, 5);
+    config.engine.pre_vote = false;
+    config.engine.check_quorum = false;
+    let ids = config.all_ids();
+    let mut sim = Simulation::new(config);
+    let leader = elect(&mut sim);
+    let victim = if leader == 5 { 4 } else { 5 };
+    sim.partition(Partition::isolate(&ids, victim));
+    let remove = sim.submit(
+        leader,
+        Request::ChangeMembership(MembershipChange::Remove(victim)),
+    );
+    let removed = sim.run_until_true(300 * TICK_US, TICK_US, |s| {
+        s.engine(leader).is_some_and(|e| {
+            !e.config().contains(victim)
+                && !e.config().is_joint()
+                && e.commit_index() == e.last_index()
+        })
+    });
+    assert!(
+        removed,
+        "the removal did not commit: {:?}",
+        sim.probe_response(remove)
+    );
+    assert!(
+        sim.engine(victim)
+            .is_some_and(|e| e.config().is_voter(victim)),
+        "the victim learned of its removal; the stage is wrong"
+    );
+    let term = sim.engine(leader).map(|e| e.term()).unwrap_or_default();
+    // Cut off, the stranger campaigns alone and runs its term up.
+    let election_us = u64::from(sim.config().engine.election_timeout_ticks) * TICK_US;
+    let until = sim.now_us() + 20 * election_us;
+    sim.run_until(until);
+    let stranger_term = sim.engine(victim).map(|e| e.term()).unwrap_or_default();
+    assert!(
+        stranger_term > term + 5,
+        "the removed voter did not campaign (term {stranger_term}); the stage is wrong"
+    );
+    sim.partition(Partition::default());
+    let until = sim.now_us() + 30 * election_us;
+    sim.run_until(until);
+    assert!(sim.failure().is_none(), "{:?}", sim.failure());
+    assert_eq!(sim.leader(), Some(leader), "the leader was deposed");
+    assert_eq!(sim.engine(leader).map(|e| e.term()), Some(term));
+    assert!(sim.run_liveness(), "{:?}", sim.failure());
 }
 
 /// BUG-SIM-6: a removed voter that never learned of its removal must not

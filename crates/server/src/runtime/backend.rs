@@ -22,6 +22,9 @@ use crate::state::SharedState;
 /// How long a forwarded lease call may take.
 const LEASE_FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How often a membership change checks whether joint consensus is over.
+const JOINT_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
 /// The backend of a Raft-replicated node.
 pub struct RaftBackend {
     state: Arc<SharedState>,
@@ -151,9 +154,21 @@ impl RaftBackend {
             .clone()
     }
 
+    /// Runs a membership change and answers with the members once the
+    /// change is complete: a change through joint consensus applies in two
+    /// steps, and the engine proposes the second by itself, so wait (at most
+    /// the request timeout) until this node's configuration is no longer
+    /// joint. etcd answers with the members after the change.
     async fn change_membership(&self, change: MembershipChange) -> Result<Vec<Member>, ApiError> {
         self.call(|reply| Call::ChangeMembership { change, reply })
             .await?;
+        let deadline = Instant::now() + self.config.request_timeout;
+        while self.state_config().is_joint() {
+            if Instant::now() >= deadline {
+                return Err(ApiError::Timeout);
+            }
+            tokio::time::sleep(JOINT_POLL_INTERVAL).await;
+        }
         Ok(self.members())
     }
 }
@@ -269,7 +284,9 @@ impl Backend for RaftBackend {
         let record = crate::command::command(crate::command::CommandKind::MemberRecord(
             crate::pb::ferrypb::MemberRecordCommand {
                 id,
-                name: format!("ferry-{id}"),
+                // Name and client URL are published by the member when it
+                // starts; until then it lists as unstarted, as in etcd.
+                name: String::new(),
                 peer_addr,
                 client_url: String::new(),
             },

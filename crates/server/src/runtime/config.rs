@@ -105,7 +105,7 @@ pub(crate) fn member_addrs(
     let mut addrs = founding.get(&id).cloned();
     if let Some(record) = records.get(&id) {
         let known = addrs.get_or_insert_with(|| MemberAddrs {
-            name: format!("ferry-{id}"),
+            name: String::new(),
             peer_addr: String::new(),
             client_url: String::new(),
         });

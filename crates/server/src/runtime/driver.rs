@@ -17,7 +17,8 @@ use ferry_raft::{
 use ferry_storage::{FsDisk, SnapshotWriter, Storage, StorageError, WalOptions};
 
 use super::backend::RaftBackend;
-use super::config::{member_addrs, NodeConfig};
+use super::config::NodeConfig;
+use super::member_addrs;
 use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
 use crate::error::ApiError;
@@ -634,6 +635,10 @@ impl Driver {
                 if let Some(waiter) = waiter {
                     match waiter {
                         ApplyWaiter::Membership(reply) => {
+                            // The caller answers with the member list it
+                            // reads from the view: publish the new
+                            // configuration before waking it.
+                            self.publish_status();
                             let _ = reply.send(Ok(()));
                         }
                         ApplyWaiter::Propose(reply) => {
@@ -859,7 +864,9 @@ impl Driver {
             let machine = self.state.lock();
             machine.kv().member_records().get(&me).cloned()
         };
-        if recorded.is_some_and(|r| r.peer_addr == mine.peer_addr && r.client_url == mine.client_url) {
+        if recorded
+            .is_some_and(|r| r.peer_addr == mine.peer_addr && r.client_url == mine.client_url)
+        {
             return Ok(());
         }
         // Not again before the proposal had time to apply.
@@ -875,7 +882,10 @@ impl Driver {
         let id = RequestId(self.next_request_id);
         self.next_request_id += 1;
         let bytes = crate::command::encode_command(&record);
-        self.step(Input::Client { id, request: Request::Propose(Bytes::from(bytes)) })
+        self.step(Input::Client {
+            id,
+            request: Request::Propose(Bytes::from(bytes)),
+        })
     }
 
     /// Publishes the node's view for the API. Runs after every step, so it

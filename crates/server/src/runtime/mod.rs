@@ -22,5 +22,6 @@ mod config;
 mod driver;
 
 pub use backend::RaftBackend;
+pub(crate) use config::member_addrs;
 pub use config::{MemberAddrs, NodeConfig};
 pub use driver::{start_node, RunningNode, StartError};

@@ -2,6 +2,7 @@
 
 mod helpers;
 mod kv_semantics;
+mod member_records;
 mod mvcc_semantics;
 mod snapshot_determinism;
 mod watch_semantics;

@@ -18,6 +18,7 @@ impl Simulation {
             f.clog_weight,
             f.clock_jump_weight,
             f.drift_weight,
+            self.config.disk.fault_weight,
         ];
         let total: u64 = weights.iter().sum();
         if total == 0 {
@@ -141,6 +142,7 @@ impl Simulation {
                     }
                 }
             }
+            6 => self.next_disk_fault(),
             _ => {
                 if let Some(&node) = self.rng.pick(&running) {
                     let period = Self::drifted_period(&mut self.rng, f.drift_percent_max);
@@ -180,9 +182,30 @@ impl Simulation {
         if !node.running() {
             return;
         }
-        if node.disk.has_unsynced() {
+        let unsynced = node.disk.has_unsynced();
+        if unsynced {
             self.coverage.hit(Counter::UnsyncedWritesLost);
         }
+        if node.real.is_some() {
+            node.restart_check = Some(crate::real_storage::Acknowledged {
+                synced: node.disk.synced().clone(),
+                pending: node.disk.pending_requests(),
+                snapshot_attempt: node.snapshot_attempt.take(),
+            });
+            let mode = self.draw_crash_mode();
+            let Some(node) = self.nodes.get_mut(&id) else {
+                return;
+            };
+            if let Some(real) = node.real.as_mut() {
+                real.crash(mode);
+            }
+            if unsynced && mode != ferry_storage::CrashMode::KeepWritten {
+                self.coverage.hit(Counter::DiskUnsyncedLost);
+            }
+        }
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
         node.disk.crash();
         node.engine = None;
         node.paused = false;

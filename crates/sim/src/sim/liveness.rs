@@ -37,7 +37,7 @@ impl Simulation {
         let ids: Vec<NodeId> = self
             .nodes
             .values()
-            .filter(|n| n.started)
+            .filter(|n| n.started && !n.disk_lost)
             .map(|n| n.id)
             .collect();
         for id in ids {
@@ -71,6 +71,11 @@ impl Simulation {
             ));
         }
         for member in config.members() {
+            // A node whose disk was found corrupt stays down: liveness is
+            // judged over the healthy nodes (a majority by construction).
+            if self.nodes.get(&member).is_some_and(|n| n.disk_lost) {
+                continue;
+            }
             let Some(engine) = self.engine(member) else {
                 return Some(format!("member {member} is not running"));
             };

@@ -24,6 +24,7 @@ impl Simulation {
                 !config.contains(*id)
                     && !self.ever_added.contains(id)
                     && !self.config.voter_ids().contains(id)
+                    && !self.config.replacement_ids().contains(id)
             })
             .collect();
         let learners: Vec<NodeId> = config.learners.iter().copied().collect();
@@ -39,7 +40,9 @@ impl Simulation {
             },
             2 => match self.rng.pick(&spares) {
                 // A voter added directly, through joint consensus.
-                Some(&spare) if voters.len() < 7 => {
+                // Not while a disk is damaged: the new voter would count in
+                // the quorum before it has anything (see sim/disk.rs).
+                Some(&spare) if voters.len() < 7 && !self.any_disk_damaged() => {
                     self.ever_added.push(spare);
                     self.start_node(spare);
                     Request::ChangeMembership(MembershipChange::AddVoter(spare))

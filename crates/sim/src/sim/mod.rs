@@ -8,6 +8,7 @@
 //! number of election timeouts. Safety is checked after every step.
 
 mod clients;
+mod disk;
 mod faults;
 mod liveness;
 mod membership;
@@ -28,6 +29,7 @@ use crate::config::{Sabotage, SimConfig, TICK_US};
 use crate::coverage::{Counter, Coverage};
 use crate::history::{History, OpKind, Operation, Outcome};
 use crate::net::{DropReason, Network, Partition, SendOutcome};
+use crate::real_storage::RealStorage;
 use crate::rng::SimRng;
 use crate::state_machine::{Command, CommandResult, RegisterMachine};
 use crate::storage::{DiskModel, DurableState};
@@ -130,6 +132,7 @@ enum Event {
         uid: u64,
     },
     NextMembership,
+    RepairStep,
     LivenessStart,
     LivenessCheck,
 }
@@ -176,6 +179,19 @@ struct SimNode {
     last_applied: Index,
     last_role: Option<(Role, Term)>,
     snapshot_in_progress: bool,
+    /// The real storage on a simulated disk, in real-storage runs.
+    real: Option<RealStorage>,
+    /// The node's state before it ever wrote anything.
+    initial: DurableState,
+    /// Its storage was found corrupt: it must never run on it again.
+    disk_lost: bool,
+    /// A sector was damaged since the storage last opened.
+    corrupted_since_open: bool,
+    /// What the node had synced and what it had written when it stopped,
+    /// to check what the real storage brings back.
+    restart_check: Option<crate::real_storage::Acknowledged>,
+    /// A snapshot being saved on the real storage, not yet reported done.
+    snapshot_attempt: Option<(SnapshotMeta, Bytes)>,
 }
 
 impl SimNode {
@@ -288,6 +304,7 @@ pub struct Simulation {
     local_snapshots: bool,
     liveness_started_us: u64,
     converged_after_us: Option<u64>,
+    repair: Option<disk::Repair>,
 }
 
 fn retryable(error: &RequestError) -> bool {
@@ -405,6 +422,14 @@ impl Simulation {
                 DurableState::default()
             };
             let tick_period_us = Self::drifted_period(&mut rng, config.faults.drift_percent_max);
+            let real = config.disk.real.then(|| {
+                RealStorage::new(
+                    GROUP,
+                    disk::disk_seed(config.seed, id),
+                    config.disk.sync_ticks_min,
+                    config.disk.sync_ticks_max,
+                )
+            });
             nodes.insert(
                 id,
                 SimNode {
@@ -412,7 +437,7 @@ impl Simulation {
                     started: false,
                     engine: None,
                     incarnation: 0,
-                    disk: DiskModel::new(initial),
+                    disk: DiskModel::new(initial.clone()),
                     machine: RegisterMachine::default(),
                     paused: false,
                     inbox: VecDeque::new(),
@@ -423,6 +448,12 @@ impl Simulation {
                     last_applied: 0,
                     last_role: None,
                     snapshot_in_progress: false,
+                    real,
+                    initial,
+                    disk_lost: false,
+                    corrupted_since_open: false,
+                    restart_check: None,
+                    snapshot_attempt: None,
                 },
             );
         }
@@ -464,7 +495,11 @@ impl Simulation {
             local_snapshots: true,
             liveness_started_us: 0,
             converged_after_us: None,
+            repair: None,
         };
+        if sim.config.disk.real {
+            sim.coverage.hit(Counter::RealStorageRun);
+        }
         for id in voters {
             sim.start_node(id);
         }
@@ -757,8 +792,17 @@ impl Simulation {
         if node.running() {
             return;
         }
+        if node.disk_lost {
+            return;
+        }
         let incarnation = node.incarnation + 1;
         let seed = self.node_seed(id, incarnation);
+        if !self.open_real_storage(id) {
+            return;
+        }
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
         let synced = node.disk.synced().clone();
         let restored = synced.restored_state();
         let machine = if synced.snapshot.index == 0 {
@@ -914,8 +958,11 @@ impl Simulation {
             Some(engine) => engine.step(input, &mut actions),
             None => return,
         }
+        let incarnation = self.incarnation(id);
         for action in actions {
-            if self.failure.is_some() {
+            // A storage failure stops the node in the middle of its actions.
+            if self.failure.is_some() || self.incarnation(id) != incarnation || !self.is_running(id)
+            {
                 return;
             }
             self.carry_out(id, action);
@@ -992,6 +1039,12 @@ impl Simulation {
                         return;
                     }
                 }
+                if let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) {
+                    if let Err(e) = real.append(&request) {
+                        self.storage_failed(id, e);
+                        return;
+                    }
+                }
                 let result = match self.nodes.get_mut(&id) {
                     Some(node) => node.disk.write(request),
                     None => return,
@@ -1049,6 +1102,10 @@ impl Simulation {
                     Some(node) => node.disk.save_chunk(&meta, offset, &data),
                     None => return,
                 };
+                let ok = ok && self.real_save_chunk(id, &meta, offset, &data);
+                if !self.is_running(id) {
+                    return;
+                }
                 let delay = self.rng.range(20, 500);
                 let incarnation = self.incarnation(id);
                 self.schedule(
@@ -1076,6 +1133,11 @@ impl Simulation {
                     return;
                 }
                 node.disk.compact(through);
+                if let Some(real) = node.real.as_mut() {
+                    if let Err(e) = real.compact(through) {
+                        self.storage_failed(id, e);
+                    }
+                }
             }
             Action::RoleChanged { role, term, leader } => {
                 self.on_role_changed(id, role, term, leader)
@@ -1139,8 +1201,29 @@ impl Simulation {
         };
         let incarnation = node.incarnation;
         if let Some(seq) = node.disk.start_sync() {
-            let (low, high) = self.config.sync_delay_us;
-            let delay = self.rng.range_inclusive(low, high);
+            let delay = match node.real.as_mut().map(RealStorage::start_sync) {
+                None => {
+                    let (low, high) = self.config.sync_delay_us;
+                    self.rng.range_inclusive(low, high)
+                }
+                Some(Ok(Some(disk_us))) => {
+                    if disk_us >= 2 * TICK_US {
+                        self.coverage.hit(Counter::SlowSync);
+                    }
+                    20 + disk_us
+                }
+                Some(Ok(None)) => {
+                    self.fail(
+                        FailureKind::Contract,
+                        format!("node {id}: the model has writes to sync (through seq {seq}) but the real log has none"),
+                    );
+                    return;
+                }
+                Some(Err(e)) => {
+                    self.storage_failed(id, e);
+                    return;
+                }
+            };
             self.schedule(
                 delay,
                 Event::SyncDone {
@@ -1473,6 +1556,9 @@ impl Simulation {
                 if self.incarnation(node) != incarnation || !self.is_running(node) {
                     return;
                 }
+                if !self.real_complete_sync(node, seq) {
+                    return;
+                }
                 let (result, report) = match self.nodes.get_mut(&node) {
                     Some(n) => {
                         let result = n.disk.complete_sync(seq);
@@ -1504,6 +1590,11 @@ impl Simulation {
                     .nodes
                     .get(&node)
                     .and_then(|n| n.disk.load_chunk(snapshot_index, offset, max_bytes));
+                let Some(chunk) =
+                    self.real_load_chunk(node, snapshot_index, offset, max_bytes, chunk)
+                else {
+                    return;
+                };
                 if chunk.is_none() {
                     self.coverage.hit(Counter::SnapshotChunkGone);
                 }
@@ -1555,6 +1646,9 @@ impl Simulation {
                     return;
                 }
                 let index = meta.index;
+                if !self.real_save_local_snapshot(node, &meta, &data) {
+                    return;
+                }
                 let stored = match self.nodes.get_mut(&node) {
                     Some(n) => {
                         n.snapshot_in_progress = false;
@@ -1613,6 +1707,7 @@ impl Simulation {
             }
             Event::ClientDeadline { slot, uid } => self.client_deadline(slot, uid),
             Event::NextMembership => self.next_membership(),
+            Event::RepairStep => self.repair_step(),
             Event::LivenessStart => self.start_liveness(),
             Event::LivenessCheck => self.liveness_check(),
         }
@@ -1646,6 +1741,17 @@ impl Simulation {
             );
             return false;
         }
+        if let Some(real) = node.real.as_mut() {
+            node.snapshot_attempt = Some((meta.clone(), data.clone()));
+            if let Err(e) = real.install_incoming(meta) {
+                self.storage_failed(id, e);
+                return false;
+            }
+            node.snapshot_attempt = None;
+        }
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return false;
+        };
         if let Err(v) = node.disk.install_snapshot(meta.clone(), data) {
             self.fail(FailureKind::Durability, format!("node {id}: {v}"));
             return false;

@@ -1,0 +1,515 @@
+//! The real storage in the simulation: opening it on (re)start and checking
+//! what came back, carrying out syncs and snapshot I/O on it, stopping a
+//! node whose storage failed, injecting disk faults, and replacing a node
+//! whose disk was found corrupt (the way back the storage crate documents).
+
+use ferry_storage::{CrashMode, StorageError};
+
+use super::*;
+use crate::real_storage::{check_restored, OpenOutcome};
+
+/// The seed of node `id`'s simulated disk.
+pub(super) fn disk_seed(seed: u64, id: NodeId) -> u64 {
+    seed.rotate_left(17) ^ id.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ 0xd15c
+}
+
+/// Where the replacement of a node with a corrupt disk stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RepairStage {
+    /// The healthy members remove the node from the group.
+    Remove,
+    /// The replacement joins as a learner.
+    AddLearner,
+    /// The learner is promoted once it has caught up.
+    Promote,
+}
+
+/// The replacement of one node whose disk was found corrupt.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Repair {
+    lost: NodeId,
+    replacement: NodeId,
+    stage: RepairStage,
+}
+
+impl Simulation {
+    /// Crashes a running node now (a scenario's fault); unsynced data on a
+    /// real disk is lost as the run's generator draws.
+    pub fn crash_node(&mut self, id: NodeId) {
+        self.crash(id);
+    }
+
+    /// Restarts a stopped node from its disk. Returns whether it runs.
+    pub fn restart_node(&mut self, id: NodeId) -> bool {
+        self.start_node(id);
+        self.is_running(id)
+    }
+
+    /// Damages sector `sector` of the oldest log segment on a stopped
+    /// node's real disk. Returns whether there was such a sector.
+    pub fn damage_log_sector(&mut self, id: NodeId, sector: u64) -> bool {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return false;
+        };
+        if node.running() {
+            return false;
+        }
+        let Some(real) = node.real.as_ref() else {
+            return false;
+        };
+        let wal = RealStorage::dir().join("wal");
+        let Some(segment) = real
+            .disk()
+            .paths()
+            .into_iter()
+            .find(|p| p.starts_with(&wal))
+        else {
+            return false;
+        };
+        let damaged = real.disk().corrupt_sector(&segment, sector);
+        node.corrupted_since_open |= damaged;
+        damaged
+    }
+
+    /// Whether the node's storage was found corrupt (it stays down).
+    pub fn disk_lost(&self, id: NodeId) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.disk_lost)
+    }
+
+    /// Whether a repair is under way.
+    pub fn repair_in_progress(&self) -> bool {
+        self.repair.is_some()
+    }
+
+    /// Opens the node's real storage, if it has one, and checks what came
+    /// back. Returns whether the node may start.
+    pub(super) fn open_real_storage(&mut self, id: NodeId) -> bool {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return false;
+        };
+        let initial = node.initial.clone();
+        let Some(real) = node.real.as_mut() else {
+            return true;
+        };
+        let outcome = real.open(&initial);
+        match outcome {
+            Err(e @ StorageError::Io { .. }) => {
+                // The disk refused (a failed sync of the directory, say):
+                // like a server that exits on start, try again later.
+                self.log(
+                    Some(id),
+                    &format!("storage could not open, retry later: {e}"),
+                );
+                if matches!(&e, StorageError::Io { op, .. } if op.contains("sync")) {
+                    self.coverage.hit(Counter::FailedSync);
+                }
+                let election = u64::from(self.config.engine.election_timeout_ticks);
+                let later = self.rng.range(1, 3 * election) * TICK_US;
+                self.schedule(later, Event::Restart { node: id });
+                false
+            }
+            Err(e) => {
+                self.fail(
+                    FailureKind::Durability,
+                    format!("node {id}: its storage could not be opened: {e}"),
+                );
+                false
+            }
+            Ok(OpenOutcome::Corrupt(message)) => {
+                node.disk_lost = true;
+                self.log(
+                    Some(id),
+                    &format!("storage corrupt, the node stays down: {message}"),
+                );
+                self.coverage.hit(Counter::CorruptFoundOnOpen);
+                self.begin_repair(id);
+                false
+            }
+            Ok(OpenOutcome::Opened {
+                mut durable,
+                truncated_bytes,
+            }) => {
+                let check = node.restart_check.take();
+                let corrupted = std::mem::take(&mut node.corrupted_since_open);
+                if let Some(acked) = &check {
+                    if let Err(detail) = check_restored(acked, &durable) {
+                        if corrupted {
+                            // Damage to the very end of the log looks like a
+                            // torn write and is cut (the storage crate's
+                            // documented limit). Only the simulator knows the
+                            // sector was damaged; it treats the disk as lost.
+                            node.disk_lost = true;
+                            real.crash(CrashMode::LoseUnsynced);
+                            self.coverage.hit(Counter::CorruptTailTakenForTorn);
+                            self.log(
+                                Some(id),
+                                &format!("a damaged sector at the log's end passed for a torn write (documented limit); the node stays down: {detail}"),
+                            );
+                            self.begin_repair(id);
+                            return false;
+                        }
+                        self.fail(
+                            FailureKind::Durability,
+                            format!("node {id} restarted without what it had synced: {detail}"),
+                        );
+                        return false;
+                    }
+                    durable.votes = acked.synced.votes.clone();
+                }
+                if let Some(vote) = durable.hard_state.vote {
+                    durable.votes.insert(durable.hard_state.term, vote);
+                }
+                node.disk = DiskModel::new(durable);
+                if truncated_bytes > 0 {
+                    self.coverage.hit(Counter::TornTailCut);
+                    self.log(
+                        Some(id),
+                        &format!("recovery cut a torn tail of {truncated_bytes} bytes"),
+                    );
+                }
+                true
+            }
+        }
+    }
+
+    /// The node's storage failed (a failed sync, a power loss in the middle
+    /// of a write, damage found on a read): it stops, as the server does,
+    /// and is restarted later on what its disk holds.
+    pub(super) fn storage_failed(&mut self, id: NodeId, error: StorageError) {
+        let powered_off = self
+            .nodes
+            .get(&id)
+            .and_then(|n| n.real.as_ref())
+            .is_some_and(|r| r.disk().is_powered_off());
+        if powered_off {
+            self.coverage.hit(Counter::PowerLossMidWrite);
+        } else if matches!(&error, StorageError::Io { op, .. } if op.contains("sync")) {
+            self.coverage.hit(Counter::FailedSync);
+        }
+        self.log(
+            Some(id),
+            &format!("storage failed, the node stops: {error}"),
+        );
+        if !self.is_running(id) {
+            return;
+        }
+        self.crash(id);
+        let election = u64::from(self.config.engine.election_timeout_ticks);
+        let down = self.rng.range(1, 3 * election) * TICK_US;
+        self.schedule(down, Event::Restart { node: id });
+    }
+
+    /// Draws how a crash treats the unsynced data of a real disk.
+    pub(super) fn draw_crash_mode(&mut self) -> CrashMode {
+        match self.rng.range(0, 3) {
+            0 => CrashMode::LoseUnsynced,
+            1 => CrashMode::KeepWritten,
+            _ => CrashMode::TornUnsynced,
+        }
+    }
+
+    /// Completes a sync on the real storage, checking it made the same
+    /// writes durable as the model. Returns whether to go on.
+    pub(super) fn real_complete_sync(&mut self, id: NodeId, seq: u64) -> bool {
+        let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
+            return true;
+        };
+        match real.complete_sync() {
+            Ok(Some(durable)) if durable != seq => {
+                self.fail(
+                    FailureKind::Durability,
+                    format!("node {id}: the real log made seq {durable} durable, the model {seq}"),
+                );
+                false
+            }
+            Ok(_) => true,
+            Err(e) => {
+                self.storage_failed(id, e);
+                false
+            }
+        }
+    }
+
+    /// Writes a received snapshot chunk to the real storage. Returns
+    /// whether it was saved (false also when the node stopped).
+    pub(super) fn real_save_chunk(
+        &mut self,
+        id: NodeId,
+        meta: &SnapshotMeta,
+        offset: u64,
+        data: &[u8],
+    ) -> bool {
+        let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
+            return true;
+        };
+        match real.save_chunk(meta, offset, data) {
+            Ok(()) => true,
+            Err(
+                e @ (StorageError::InvalidRequest { .. }
+                | StorageError::SnapshotChunkOutOfOrder { .. }),
+            ) => {
+                self.log(Some(id), &format!("snapshot chunk refused: {e}"));
+                false
+            }
+            Err(e) => {
+                self.storage_failed(id, e);
+                false
+            }
+        }
+    }
+
+    /// Stores a local snapshot on the real storage. Returns whether to go on.
+    pub(super) fn real_save_local_snapshot(
+        &mut self,
+        id: NodeId,
+        meta: &SnapshotMeta,
+        data: &Bytes,
+    ) -> bool {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return false;
+        };
+        if meta.index <= node.disk.synced().snapshot.index {
+            return true;
+        }
+        let Some(real) = node.real.as_mut() else {
+            return true;
+        };
+        node.snapshot_attempt = Some((meta.clone(), data.clone()));
+        match real.save_local_snapshot(meta.clone(), data) {
+            Ok(()) => {
+                node.snapshot_attempt = None;
+                true
+            }
+            Err(e) => {
+                node.snapshot_in_progress = false;
+                self.storage_failed(id, e);
+                false
+            }
+        }
+    }
+
+    /// Reads a snapshot chunk from the real storage (the model's chunk
+    /// must agree where both have it). `None` when the node stopped.
+    pub(super) fn real_load_chunk(
+        &mut self,
+        id: NodeId,
+        snapshot_index: Index,
+        offset: u64,
+        max_bytes: u64,
+        model_chunk: Option<(Bytes, bool)>,
+    ) -> Option<Option<(Bytes, bool)>> {
+        let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
+            return Some(model_chunk);
+        };
+        match real.load_chunk(snapshot_index, offset, max_bytes) {
+            Ok(chunk) => {
+                if let (Some(real_chunk), Some(expected)) = (&chunk, &model_chunk) {
+                    if real_chunk != expected {
+                        self.fail(
+                            FailureKind::Durability,
+                            format!("node {id}: the stored snapshot at {snapshot_index} gives other bytes at offset {offset} than were saved"),
+                        );
+                        return None;
+                    }
+                }
+                Some(chunk)
+            }
+            Err(e) => {
+                self.storage_failed(id, e);
+                None
+            }
+        }
+    }
+
+    /// Injects one disk fault: a power loss in the middle of a coming
+    /// write, a failed sync, or a damaged sector (at most one node with a
+    /// damaged disk per run, and only while a replacement id is free, so a
+    /// majority of the voters stays healthy).
+    pub(super) fn next_disk_fault(&mut self) {
+        let candidates: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter(|n| n.running() && n.real.is_some())
+            .map(|n| n.id)
+            .collect();
+        let Some(&victim) = self.rng.pick(&candidates) else {
+            return;
+        };
+        match self.rng.range(0, 4) {
+            0 | 1 => {
+                let units = self.rng.range(0, 8_192);
+                if let Some(real) = self.nodes.get(&victim).and_then(|n| n.real.as_ref()) {
+                    real.disk().set_fault_budget(Some(units));
+                }
+                self.log(
+                    Some(victim),
+                    &format!("disk loses power after {units} more units of work"),
+                );
+            }
+            2 => {
+                if let Some(real) = self.nodes.get(&victim).and_then(|n| n.real.as_ref()) {
+                    real.disk().fail_next_syncs(1);
+                }
+                self.log(Some(victim), "disk fails its next sync");
+            }
+            _ => {
+                let any_lost = self
+                    .nodes
+                    .values()
+                    .any(|n| n.disk_lost || n.corrupted_since_open);
+                let replacement_free = self
+                    .config
+                    .replacement_ids()
+                    .iter()
+                    .any(|r| !self.ever_added.contains(r));
+                if any_lost
+                    || self.repair.is_some()
+                    || !replacement_free
+                    || !self.voters_can_elect_without(victim)
+                {
+                    return;
+                }
+                self.crash(victim);
+                let damaged = self
+                    .nodes
+                    .get(&victim)
+                    .and_then(|n| n.real.as_ref())
+                    .and_then(|r| r.corrupt_random_sector());
+                if let Some((path, sector)) = damaged {
+                    if let Some(n) = self.nodes.get_mut(&victim) {
+                        n.corrupted_since_open = true;
+                    }
+                    self.log(
+                        Some(victim),
+                        &format!("disk damages sector {sector} of {}", path.display()),
+                    );
+                }
+                let election = u64::from(self.config.engine.election_timeout_ticks);
+                let down = self.rng.range(1, 3 * election) * TICK_US;
+                self.schedule(down, Event::Restart { node: victim });
+            }
+        }
+    }
+
+    /// Whether a node's disk is damaged (found or not yet found).
+    pub(super) fn any_disk_damaged(&self) -> bool {
+        self.nodes
+            .values()
+            .any(|n| n.disk_lost || n.corrupted_since_open)
+    }
+
+    /// Whether the voters other than `victim` can elect a leader on their
+    /// own: the leader's configuration is not joint and every other voter
+    /// in it knows it is one. (A voter added directly that has received
+    /// nothing yet ignores vote requests; with one voter lost for good it
+    /// would be needed and the group could never elect again. See
+    /// /work/briefs/bugs-for-engine.md.)
+    fn voters_can_elect_without(&self, victim: NodeId) -> bool {
+        let Some(leader) = self.leader() else {
+            return false;
+        };
+        let Some(config) = self.engine(leader).map(|e| e.config().clone()) else {
+            return false;
+        };
+        if config.is_joint() {
+            return false;
+        }
+        config.voters.iter().filter(|&&v| v != victim).all(|&v| {
+            self.engine(v)
+                .is_some_and(|e| e.config().is_voter(v) && !e.config().is_joint())
+        })
+    }
+
+    /// Starts replacing `lost` (whose disk is corrupt) with a free
+    /// replacement id, if there is one.
+    pub(super) fn begin_repair(&mut self, lost: NodeId) {
+        if self.repair.is_some() {
+            return;
+        }
+        let Some(replacement) = self
+            .config
+            .replacement_ids()
+            .into_iter()
+            .find(|r| !self.ever_added.contains(r))
+        else {
+            return;
+        };
+        self.ever_added.push(replacement);
+        self.repair = Some(Repair {
+            lost,
+            replacement,
+            stage: RepairStage::Remove,
+        });
+        self.log(
+            Some(lost),
+            &format!("repair: remove n{lost}, wipe it, add n{replacement} in its place"),
+        );
+        self.schedule(TICK_US, Event::RepairStep);
+    }
+
+    /// One step of the repair: ask the leader for the next membership
+    /// change once the previous one shows in its configuration.
+    pub(super) fn repair_step(&mut self) {
+        let Some(mut repair) = self.repair else {
+            return;
+        };
+        if self.phase == Phase::Done {
+            return;
+        }
+        let election_us = u64::from(self.config.engine.election_timeout_ticks) * TICK_US;
+        self.schedule(election_us, Event::RepairStep);
+        let Some(leader) = self.leader() else {
+            return;
+        };
+        let Some(config) = self.engine(leader).map(|e| e.config().clone()) else {
+            return;
+        };
+        let (lost, replacement) = (repair.lost, repair.replacement);
+        let request = match repair.stage {
+            RepairStage::Remove if config.contains(lost) => MembershipChange::Remove(lost),
+            RepairStage::Remove => {
+                // Out of the group: move its data aside and start the
+                // replacement with an empty disk.
+                if let Some(node) = self.nodes.get_mut(&lost) {
+                    let seed = disk_seed(self.config.seed ^ 0x5ea1, lost);
+                    if let Some(real) = node.real.as_mut() {
+                        real.wipe(
+                            seed,
+                            self.config.disk.sync_ticks_min,
+                            self.config.disk.sync_ticks_max,
+                        );
+                    }
+                }
+                self.log(Some(lost), "repair: removed and wiped");
+                self.start_node(replacement);
+                repair.stage = RepairStage::AddLearner;
+                self.repair = Some(repair);
+                MembershipChange::AddLearner(replacement)
+            }
+            RepairStage::AddLearner if !config.contains(replacement) => {
+                MembershipChange::AddLearner(replacement)
+            }
+            RepairStage::AddLearner | RepairStage::Promote
+                if !config.is_voter(replacement) || config.is_joint() =>
+            {
+                repair.stage = RepairStage::Promote;
+                self.repair = Some(repair);
+                if config.is_voter(replacement) {
+                    return;
+                }
+                MembershipChange::PromoteLearner(replacement)
+            }
+            RepairStage::AddLearner | RepairStage::Promote => {
+                self.log(
+                    Some(replacement),
+                    &format!("repair: n{replacement} is a voter in place of n{lost}"),
+                );
+                self.coverage.hit(Counter::NodeRepaired);
+                self.repair = None;
+                return;
+            }
+        };
+        self.log(Some(leader), &format!("repair: admin request {request:?}"));
+        self.send_request(leader, Request::ChangeMembership(request), Owner::Admin);
+    }
+}
