@@ -99,6 +99,7 @@ fn replay(seed: u64, nodes: Option<usize>, trace: bool) -> ExitCode {
     let _ = writeln!(out, "engine: {:?}", config.engine);
     let _ = writeln!(out, "network: {:?}", config.net);
     let _ = writeln!(out, "faults: {:?}", config.faults);
+    let _ = writeln!(out, "disk: {:?}", config.disk);
     match &report.failure {
         None => {
             let _ = writeln!(out, "seeds=1 passed=1 failed=0");

@@ -702,7 +702,13 @@ impl RaftNode {
     /// Whether `id` votes in the configuration in force or in the newest
     /// configuration in this node's log.
     pub(crate) fn knows_voter(&self, id: NodeId) -> bool {
-        self.config.is_voter(id) || self.log.config_at(self.log.last_index()).is_voter(id)
+        let newest = self.log.config_at(self.log.last_index());
+        // A node that knows no configuration at all (it is joining and has
+        // heard nothing yet) cannot tell who votes, and its vote may be the
+        // one a joint configuration needs (its leader may be gone for good),
+        // so it treats every candidate as a voter.
+        let knows_none = self.config.voters.is_empty() && newest.voters.is_empty();
+        knows_none || self.config.is_voter(id) || newest.is_voter(id)
     }
 
     pub(crate) fn can_campaign(&self) -> bool {

@@ -359,3 +359,46 @@ fn stale_candidate_does_not_raise_the_term_of_a_follower_with_a_live_leader() {
         })
     )));
 }
+
+/// Found by the simulator's disk-fault seeds (seed 2886): a voter added to
+/// the group whose leader is then lost for good must still be able to vote
+/// before it has heard of any configuration. The joint configuration
+/// {1,2,3} & {1,2,3,5} commits without node 5 (3 of 4), the leader dies,
+/// and the survivors need node 5's vote. Node 5 knows no configuration; it
+/// used to ignore every candidate it did not know as a voter, and the group
+/// could never elect again.
+#[test]
+fn a_joining_voter_that_knows_no_configuration_still_votes() {
+    use ferry_raft::testing::test_options;
+    use ferry_raft::RestoredState;
+
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    c.add_node(5, test_options(5), RestoredState::joining());
+    // Node 5 never hears from this leader.
+    c.partition(leader, 5);
+    let change = c.request(
+        leader,
+        Request::ChangeMembership(MembershipChange::AddVoter(5)),
+    );
+    assert!(matches!(
+        c.response(leader, change),
+        Some(Ok(Response::Proposed { .. }))
+    ));
+    let survivors: Vec<u64> = [1u64, 2, 3].into_iter().filter(|&n| n != leader).collect();
+    assert!(
+        c.run_until(50, |c| survivors
+            .iter()
+            .all(|&n| c.raft(n).config().is_voter(5))),
+        "the change adding node 5 must commit without it"
+    );
+    assert!(c.raft(5).config().voters.is_empty(), "node 5 has heard nothing");
+    // The leader is lost for good: the survivors need node 5's vote.
+    c.isolate(leader);
+    assert!(
+        c.run_until(400, |c| survivors
+            .iter()
+            .any(|&n| c.raft(n).role() == ferry_raft::Role::Leader)),
+        "no leader without the old one: node 5 ignored the candidates"
+    );
+}

@@ -184,6 +184,10 @@ pub enum Sabotage {
     /// Answer reads from the contact node's state machine at once, without
     /// ReadIndex: the linearizability check must object.
     LocalReads,
+    /// When a node's storage is found corrupt, wipe its disk and restart it
+    /// empty under its old identity (what the storage crate forbids: it has
+    /// forgotten its votes and its log): the restart check must object.
+    RestartOnCorruptDisk,
 }
 
 /// The node storage of a run: the in-memory model alone, or the real

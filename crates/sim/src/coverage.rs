@@ -107,6 +107,8 @@ counters! {
     SlowSync => "slow_sync",
     /// A sync failed: the storage poisoned itself and the node stopped.
     FailedSync => "failed_sync",
+    /// A running node's read found damage on its disk and the node stopped.
+    CorruptFoundOnRead => "corrupt_found_on_read",
     /// Opening a node's storage found a corrupt sector: the node stayed down.
     CorruptFoundOnOpen => "corrupt_found_on_open",
     /// A damaged sector at the very end of the log passed for a torn write

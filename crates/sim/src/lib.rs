@@ -31,8 +31,10 @@
 //! the synced state plus a prefix of the writes in flight. Disk faults join
 //! the fault mix: a power loss in the middle of a write (a torn write), a
 //! failed sync (the storage poisons itself and the node stops, as the server
-//! does, to be restarted later), slow syncs, and a damaged sector. A node
-//! whose storage is found corrupt never runs on it again: it stays down and
+//! does, to be restarted later), slow syncs, and a damaged sector (on a
+//! stopped node's disk, found when it opens; or in a running leader's
+//! snapshot, found when it reads it to send). A node whose storage is found
+//! corrupt never runs on it again: it stays down and
 //! is replaced the documented way (removed from the group, its disk wiped,
 //! a reserved new id added as a learner and promoted). At most one disk per
 //! run is damaged, and only while every other voter can elect without it,

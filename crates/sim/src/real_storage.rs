@@ -286,6 +286,12 @@ impl RealStorage {
         self.disk.corrupt_random_sector(Path::new(DATA_DIR))
     }
 
+    /// Damages one random sector of the node's snapshot files.
+    pub fn corrupt_random_snapshot_sector(&self) -> Option<(PathBuf, u64)> {
+        self.disk
+            .corrupt_random_sector(&Path::new(DATA_DIR).join("snapshots"))
+    }
+
     /// Wipes the disk (the operator moves the data directory aside).
     pub fn wipe(&mut self, seed: u64, sync_ticks_min: u64, sync_ticks_max: u64) {
         *self = RealStorage::new(self.group, seed, sync_ticks_min, sync_ticks_max);

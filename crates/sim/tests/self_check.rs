@@ -1,7 +1,7 @@
 //! The checks check something: with a deliberately broken runtime, seeds
 //! must fail, and with the failure kind that names the broken promise.
 
-use ferry_sim::config::{Sabotage, SimConfig};
+use ferry_sim::config::{DiskConfig, Sabotage, SimConfig};
 use ferry_sim::{run_config, FailureKind};
 
 fn first_failure(sabotage: Sabotage, seeds: u64) -> Option<(u64, ferry_sim::Failure)> {
@@ -30,6 +30,37 @@ fn reads_without_read_index_are_caught() {
     assert_eq!(
         failure.kind,
         FailureKind::Linearizability,
+        "seed {seed}: {failure}"
+    );
+}
+
+#[test]
+fn restarting_on_a_wiped_corrupt_disk_is_caught() {
+    // Seeds on the real storage with frequent disk faults, so that some
+    // node's disk is found corrupt.
+    let failure = (0..100).find_map(|seed| {
+        let mut config = SimConfig::random(seed, None);
+        config.sabotage = Sabotage::RestartOnCorruptDisk;
+        config.disk = DiskConfig {
+            real: true,
+            sync_ticks_min: 0,
+            sync_ticks_max: 10,
+            fault_weight: 20,
+            replacements: 1,
+        };
+        run_config(config).failure.map(|f| (seed, f))
+    });
+    let (seed, failure) =
+        failure.expect("no seed noticed a node restarted empty on its corrupt disk");
+    assert_eq!(
+        failure.kind,
+        FailureKind::Durability,
+        "seed {seed}: {failure}"
+    );
+    assert!(
+        failure
+            .detail
+            .contains("restarted without what it had synced"),
         "seed {seed}: {failure}"
     );
 }

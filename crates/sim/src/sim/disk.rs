@@ -84,6 +84,12 @@ impl Simulation {
     /// Opens the node's real storage, if it has one, and checks what came
     /// back. Returns whether the node may start.
     pub(super) fn open_real_storage(&mut self, id: NodeId) -> bool {
+        let wipe_corrupt = self.config.sabotage == Sabotage::RestartOnCorruptDisk;
+        let wipe_seed = disk_seed(self.config.seed ^ 0xbad, id);
+        let sync_ticks = (
+            self.config.disk.sync_ticks_min,
+            self.config.disk.sync_ticks_max,
+        );
         let Some(node) = self.nodes.get_mut(&id) else {
             return false;
         };
@@ -114,6 +120,17 @@ impl Simulation {
                     format!("node {id}: its storage could not be opened: {e}"),
                 );
                 false
+            }
+            Ok(OpenOutcome::Corrupt(message)) if wipe_corrupt => {
+                real.wipe(wipe_seed, sync_ticks.0, sync_ticks.1);
+                node.corrupted_since_open = false;
+                self.log(
+                    Some(id),
+                    &format!(
+                        "SABOTAGE: wiped a corrupt disk, restarting under the same id: {message}"
+                    ),
+                );
+                self.open_real_storage(id)
             }
             Ok(OpenOutcome::Corrupt(message)) => {
                 node.disk_lost = true;
@@ -176,11 +193,31 @@ impl Simulation {
     /// of a write, damage found on a read): it stops, as the server does,
     /// and is restarted later on what its disk holds.
     pub(super) fn storage_failed(&mut self, id: NodeId, error: StorageError) {
+        match &error {
+            // What a disk can do to the storage.
+            StorageError::Io { .. } | StorageError::Corrupt { .. } | StorageError::Poisoned(_) => {}
+            // A request the storage refused: a bug in this runtime (or in the
+            // storage), not a disk fault; it must not pass for one.
+            StorageError::InvalidRequest { .. }
+            | StorageError::OutOfRange { .. }
+            | StorageError::UnknownGroup(_)
+            | StorageError::SyncInFlight
+            | StorageError::SnapshotChunkOutOfOrder { .. } => {
+                self.fail(
+                    FailureKind::Contract,
+                    format!("node {id}: the storage refused a request: {error}"),
+                );
+                return;
+            }
+        }
         let powered_off = self
             .nodes
             .get(&id)
             .and_then(|n| n.real.as_ref())
             .is_some_and(|r| r.disk().is_powered_off());
+        if matches!(error, StorageError::Corrupt { .. }) {
+            self.coverage.hit(Counter::CorruptFoundOnRead);
+        }
         if powered_off {
             self.coverage.hit(Counter::PowerLossMidWrite);
         } else if matches!(&error, StorageError::Io { op, .. } if op.contains("sync")) {
@@ -332,9 +369,10 @@ impl Simulation {
             .filter(|n| n.running() && n.real.is_some())
             .map(|n| n.id)
             .collect();
-        let Some(&victim) = self.rng.pick(&candidates) else {
+        let Some(&picked) = self.rng.pick(&candidates) else {
             return;
         };
+        let mut victim = picked;
         match self.rng.range(0, 4) {
             0 | 1 => {
                 let units = self.rng.range(0, 8_192);
@@ -369,12 +407,30 @@ impl Simulation {
                 {
                     return;
                 }
-                self.crash(victim);
+                // Damage found on the next start, or (half the time) in a
+                // running leader's snapshot, which it reads to send to
+                // followers: its reads are verified, and damage found there
+                // stops it.
+                let while_running = self.rng.chance_percent(50);
+                if while_running {
+                    match self.leader() {
+                        Some(leader) if self.voters_can_elect_without(leader) => victim = leader,
+                        _ => return,
+                    }
+                } else {
+                    self.crash(victim);
+                }
                 let damaged = self
                     .nodes
                     .get(&victim)
                     .and_then(|n| n.real.as_ref())
-                    .and_then(|r| r.corrupt_random_sector());
+                    .and_then(|r| {
+                        if while_running {
+                            r.corrupt_random_snapshot_sector()
+                        } else {
+                            r.corrupt_random_sector()
+                        }
+                    });
                 if let Some((path, sector)) = damaged {
                     if let Some(n) = self.nodes.get_mut(&victim) {
                         n.corrupted_since_open = true;
@@ -384,9 +440,11 @@ impl Simulation {
                         &format!("disk damages sector {sector} of {}", path.display()),
                     );
                 }
-                let election = u64::from(self.config.engine.election_timeout_ticks);
-                let down = self.rng.range(1, 3 * election) * TICK_US;
-                self.schedule(down, Event::Restart { node: victim });
+                if !while_running {
+                    let election = u64::from(self.config.engine.election_timeout_ticks);
+                    let down = self.rng.range(1, 3 * election) * TICK_US;
+                    self.schedule(down, Event::Restart { node: victim });
+                }
             }
         }
     }
