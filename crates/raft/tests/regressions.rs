@@ -1,5 +1,5 @@
-//! Regression tests for engine bugs reported by the simulator
-//! (/work/briefs/bugs-for-engine.md).
+//! Regression tests for engine bugs the simulator found, one per bug,
+//! each rebuilding the situation that showed it.
 
 use ferry_raft::testing::Cluster;
 use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response};
@@ -392,7 +392,10 @@ fn a_joining_voter_that_knows_no_configuration_still_votes() {
             .all(|&n| c.raft(n).config().is_voter(5))),
         "the change adding node 5 must commit without it"
     );
-    assert!(c.raft(5).config().voters.is_empty(), "node 5 has heard nothing");
+    assert!(
+        c.raft(5).config().voters.is_empty(),
+        "node 5 has heard nothing"
+    );
     // The leader is lost for good: the survivors need node 5's vote.
     c.isolate(leader);
     assert!(

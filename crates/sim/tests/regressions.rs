@@ -1,5 +1,4 @@
-//! Regressions for the engine bugs the simulator found (filed in
-//! briefs/bugs-for-engine.md). The staged tests rebuild each bug's situation
+//! Regressions for the engine bugs the simulator found. The staged tests rebuild each bug's situation
 //! on purpose and stay meaningful whatever the simulator's random choices
 //! become; the seed tests replay the seed that first showed the bug (a
 //! seed's run is tied to this version of the simulator, so they guard the

@@ -400,11 +400,7 @@ impl Simulation {
                     .replacement_ids()
                     .iter()
                     .any(|r| !self.ever_added.contains(r));
-                if any_lost
-                    || self.repair.is_some()
-                    || !replacement_free
-                    || !self.voters_can_elect_without(victim)
-                {
+                if any_lost || self.repair.is_some() || !replacement_free {
                     return;
                 }
                 // Damage found on the next start, or (half the time) in a
@@ -414,7 +410,7 @@ impl Simulation {
                 let while_running = self.rng.chance_percent(50);
                 if while_running {
                     match self.leader() {
-                        Some(leader) if self.voters_can_elect_without(leader) => victim = leader,
+                        Some(leader) => victim = leader,
                         _ => return,
                     }
                 } else {
@@ -447,35 +443,6 @@ impl Simulation {
                 }
             }
         }
-    }
-
-    /// Whether a node's disk is damaged (found or not yet found).
-    pub(super) fn any_disk_damaged(&self) -> bool {
-        self.nodes
-            .values()
-            .any(|n| n.disk_lost || n.corrupted_since_open)
-    }
-
-    /// Whether the voters other than `victim` can elect a leader on their
-    /// own: the leader's configuration is not joint and every other voter
-    /// in it knows it is one. (A voter added directly that has received
-    /// nothing yet ignores vote requests; with one voter lost for good it
-    /// would be needed and the group could never elect again. See
-    /// /work/briefs/bugs-for-engine.md.)
-    fn voters_can_elect_without(&self, victim: NodeId) -> bool {
-        let Some(leader) = self.leader() else {
-            return false;
-        };
-        let Some(config) = self.engine(leader).map(|e| e.config().clone()) else {
-            return false;
-        };
-        if config.is_joint() {
-            return false;
-        }
-        config.voters.iter().filter(|&&v| v != victim).all(|&v| {
-            self.engine(v)
-                .is_some_and(|e| e.config().is_voter(v) && !e.config().is_joint())
-        })
     }
 
     /// Starts replacing `lost` (whose disk is corrupt) with a free
