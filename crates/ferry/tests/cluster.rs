@@ -658,17 +658,17 @@ fn big_value(i: usize, size_bytes: usize) -> Vec<u8> {
 /// holds the whole state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_receiving_a_large_snapshot_answers_every_request_and_catches_up() {
-    const BIG_VALUES: usize = 80;
+    const BIG_VALUES: usize = 256;
     const BIG_VALUE_BYTES: usize = 1 << 20;
     let mut cluster = Cluster::with_args(
         "big-snapshot",
         3,
-        &["--snapshot-entries", "16", "--compaction-lag-entries", "4"],
+        &["--snapshot-entries", "96", "--compaction-lag-entries", "4"],
     );
     let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
     let lagging = a_follower(leader, &[1, 2, 3]);
     cluster.kill(lagging);
-    // 80 MiB of state, written while the follower is down: the leader takes
+    // 256 MiB of state, written while the follower is down: the leader takes
     // snapshots and compacts its log, so the follower can only catch up by
     // receiving a snapshot of the whole state.
     let mut kv = KvClient::new(connect(&cluster, leader).await).max_decoding_message_size(8 << 20);
