@@ -192,10 +192,13 @@
 //! * Misrouted messages (another group or node) are ignored: the runtime
 //!   routes by (group, to).
 //! * Vote requests (pre-vote or not) from a node that is not a voter in the
-//!   configuration in force nor in the newest one in this node's log are
-//!   ignored and do not raise the term: a removed member that never learned
-//!   of its removal must not depose a healthy leader over and over (which
-//!   it would when pre-vote and check-quorum are off).
+//!   configuration in force nor in the newest one in this node's log, and
+//!   whose log is no newer than this node's, are ignored and do not raise
+//!   the term: a removed member that never learned of its removal must not
+//!   depose a healthy leader over and over (which it would when pre-vote
+//!   and check-quorum are off). A candidate whose log is ahead is heard
+//!   normally: it may be a voter of a configuration this node has not seen
+//!   yet (a lagging or joining node), and its election may need this vote.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -335,14 +335,24 @@ impl RaftNode {
             leader.fresh_round = None;
         }
         let from = message.from;
-        if let MessageBody::RequestVote { .. } = &message.body {
-            if !self.knows_voter(from) {
-                // Not a voter in any configuration this node knows: most
-                // likely a removed member that never learned of its removal.
-                // Its campaign must not raise our term (it would depose a
-                // healthy leader again and again when pre-vote and
-                // check-quorum are off). Ignoring it is safe: a vote is
-                // never required from a node that does not know the voter.
+        if let MessageBody::RequestVote {
+            last_log_index,
+            last_log_term,
+            ..
+        } = &message.body
+        {
+            let candidate_is_ahead =
+                (*last_log_term, *last_log_index) > (self.log.last_term(), self.log.last_index());
+            if !self.knows_voter(from) && !candidate_is_ahead {
+                // Not a voter in any configuration this node knows, and its
+                // log is no newer than ours, so it knows no configuration we
+                // lack: most likely a removed member that never learned of
+                // its removal. Its campaign must not raise our term (it would
+                // depose a healthy leader again and again when pre-vote and
+                // check-quorum are off). A candidate whose log is ahead of
+                // ours may be a voter of a configuration we have not seen
+                // yet (we are lagging, or joining and know none), and its
+                // election may need our vote: it is heard normally.
                 return;
             }
         }
@@ -702,13 +712,7 @@ impl RaftNode {
     /// Whether `id` votes in the configuration in force or in the newest
     /// configuration in this node's log.
     pub(crate) fn knows_voter(&self, id: NodeId) -> bool {
-        let newest = self.log.config_at(self.log.last_index());
-        // A node that knows no configuration at all (it is joining and has
-        // heard nothing yet) cannot tell who votes, and its vote may be the
-        // one a joint configuration needs (its leader may be gone for good),
-        // so it treats every candidate as a voter.
-        let knows_none = self.config.voters.is_empty() && newest.voters.is_empty();
-        knows_none || self.config.is_voter(id) || newest.is_voter(id)
+        self.config.is_voter(id) || self.log.config_at(self.log.last_index()).is_voter(id)
     }
 
     pub(crate) fn can_campaign(&self) -> bool {

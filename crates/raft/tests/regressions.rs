@@ -405,3 +405,52 @@ fn a_joining_voter_that_knows_no_configuration_still_votes() {
         "no leader without the old one: node 5 ignored the candidates"
     );
 }
+
+/// Found by the simulator's disk-fault seeds (seed 6975): a lagging voter
+/// that has not yet seen the configuration adding node 5 must still hear
+/// node 5's campaign when node 5's log is ahead of its own. Here the leader
+/// dies for good with node 5 the only survivor holding its last entry, so
+/// only node 5 can win, and it needs the lagging voter's vote. The lagging
+/// voter used to ignore every candidate it did not know as a voter.
+#[test]
+fn a_lagging_voter_hears_a_new_voter_whose_log_is_ahead() {
+    use ferry_raft::testing::test_options;
+    use ferry_raft::{RestoredState, Role};
+
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let others: Vec<u64> = [1u64, 2, 3].into_iter().filter(|&n| n != leader).collect();
+    let (lagging, other) = (others[0], others[1]);
+    c.add_node(5, test_options(5), RestoredState::joining());
+    c.isolate(lagging);
+    let change = c.request(
+        leader,
+        Request::ChangeMembership(MembershipChange::AddVoter(5)),
+    );
+    assert!(matches!(
+        c.response(leader, change),
+        Some(Ok(Response::Proposed { .. }))
+    ));
+    let settled = |c: &Cluster, n: u64| {
+        let config = c.raft(n).config();
+        config.is_voter(5) && !config.is_joint()
+    };
+    assert!(
+        c.run_until(100, |c| [leader, other, 5].iter().all(|&n| settled(c, n))),
+        "{{1,2,3,5}} must commit without the lagging voter"
+    );
+    assert!(!c.raft(lagging).config().is_voter(5));
+    // One more entry reaches node 5 but not the other survivor.
+    c.partition(leader, other);
+    c.propose(leader, "only node 5 has this");
+    let last = c.raft(leader).last_index();
+    assert!(c.run_until(50, |c| c.raft(5).last_index() == last));
+    assert!(c.raft(other).last_index() < last);
+    // The leader is lost for good; the lagging voter comes back.
+    c.heal();
+    c.isolate(leader);
+    assert!(
+        c.run_until(600, |c| c.raft(5).role() == Role::Leader),
+        "node 5 could not win: the lagging voter ignored it"
+    );
+}

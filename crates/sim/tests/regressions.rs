@@ -257,3 +257,17 @@ fn removed_voter_that_never_learned_it_does_not_disrupt() {
 fn seed_108534_removed_voter_does_not_livelock() {
     assert_seed_passes(108534);
 }
+
+/// A lagging voter that had not seen the configuration adding a voter
+/// ignored that voter's campaign, while the voter's log was the only one
+/// holding the lost leader's last entry: no leader ever again. The seed that
+/// showed it, on the real storage with a corrupt disk (the engine-level
+/// guard is `a_lagging_voter_hears_a_new_voter_whose_log_is_ahead`).
+#[test]
+fn seed_6975_lagging_voter_hears_a_new_voter_ahead_of_it() {
+    let config = SimConfig::random(6975, None);
+    let report = run_config(config);
+    if let Some(failure) = report.failure {
+        panic!("seed 6975: {failure}\nreplay: ferry sim --seed 6975 --trace");
+    }
+}
