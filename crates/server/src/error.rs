@@ -8,6 +8,9 @@ use thiserror::Error;
 /// replica refuses the same command with the same error.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum KvError {
+    /// A member add picked an id another add took first; retry the add.
+    #[error("etcdserver: member ID already exists")]
+    MemberIdTaken,
     /// A key-addressed request had an empty key.
     #[error("etcdserver: key is not provided")]
     EmptyKey,
@@ -172,7 +175,7 @@ impl From<ApiError> for tonic::Status {
                     Code::OutOfRange
                 }
                 KvError::LeaseNotFound => Code::NotFound,
-                KvError::LeaseExists => Code::FailedPrecondition,
+                KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
             },
             ApiError::NoLeader | ApiError::Timeout | ApiError::Stopped => Code::Unavailable,

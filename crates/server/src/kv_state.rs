@@ -294,6 +294,9 @@ impl KvState {
                 }))
             }
             Some(CommandKind::MemberRecord(record)) => {
+                if record.create && self.members.contains_key(&record.id) {
+                    return Err(KvError::MemberIdTaken);
+                }
                 let entry =
                     self.members
                         .entry(record.id)

@@ -247,9 +247,11 @@ impl Backend for RaftBackend {
         peer_urls: Vec<String>,
         is_learner: bool,
     ) -> Result<(Member, Vec<Member>), ApiError> {
-        // One add at a time through this node, so two adds cannot pick the
-        // same id. (Adds through different nodes at the same moment may
-        // still race; the second engine change is then refused.)
+        // One add at a time through this node, so two adds here cannot pick
+        // the same id. Adds through different nodes at the same moment may
+        // pick the same id: the state machine refuses the second record
+        // (`create`), so its add fails before any membership change and the
+        // client retries with a fresh id.
         let _adding = self.member_add_lock.lock().await;
         let peer_url = peer_urls
             .first()
@@ -289,6 +291,7 @@ impl Backend for RaftBackend {
                 name: String::new(),
                 peer_addr,
                 client_url: String::new(),
+                create: true,
             },
         ));
         self.propose(record).await?;

@@ -877,6 +877,7 @@ impl Driver {
                 name: mine.name,
                 peer_addr: mine.peer_addr,
                 client_url: mine.client_url,
+                create: false,
             },
         ));
         let id = RequestId(self.next_request_id);

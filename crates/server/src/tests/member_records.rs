@@ -15,7 +15,37 @@ fn record(id: u64, name: &str, peer_addr: &str, client_url: &str) -> Command {
         name: name.into(),
         peer_addr: peer_addr.into(),
         client_url: client_url.into(),
+        create: false,
     }))
+}
+
+/// The record a MemberAdd proposes: it must create the member.
+fn add_record(id: u64, peer_addr: &str) -> Command {
+    command(CommandKind::MemberRecord(MemberRecordCommand {
+        id,
+        peer_addr: peer_addr.into(),
+        create: true,
+        ..Default::default()
+    }))
+}
+
+#[test]
+fn two_adds_that_picked_the_same_id_cannot_both_create_it() {
+    let mut m = Machine::new();
+    assert_eq!(
+        m.ok(add_record(4, "127.0.0.1:42380")),
+        CommandResponse::MemberRecorded
+    );
+    // An add through another node picked the same id at the same moment:
+    // refused on every replica, and the first member's address stays.
+    assert_eq!(
+        m.apply(add_record(4, "127.0.0.1:52380")).response,
+        Err(crate::error::KvError::MemberIdTaken)
+    );
+    assert_eq!(m.kv.member_records()[&4].peer_addr, "127.0.0.1:42380");
+    // The member's own publish (not a create) still merges.
+    m.ok(record(4, "ferry-4", "", "http://127.0.0.1:42379"));
+    assert_eq!(m.kv.member_records()[&4].name, "ferry-4");
 }
 
 #[test]
