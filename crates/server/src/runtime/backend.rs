@@ -49,13 +49,14 @@ impl RaftBackend {
         calls: mpsc::Sender<Call>,
         view: Arc<Mutex<NodeView>>,
         config: NodeConfig,
+        clock_origin: Instant,
     ) -> RaftBackend {
         RaftBackend {
             state,
             calls,
             view,
             config,
-            clock_origin: Instant::now(),
+            clock_origin,
             member_add_lock: tokio::sync::Mutex::new(()),
         }
     }

@@ -209,8 +209,12 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     let request_timeout_ticks =
         (config.request_timeout.as_millis() / config.tick_interval.as_millis().max(1)).max(1);
     options.request_timeout_ticks = u32::try_from(request_timeout_ticks).unwrap_or(u32::MAX);
-    let seed =
-        config.node_id ^ (Instant::now().elapsed().as_nanos() as u64) ^ std::process::id() as u64;
+    // Election timeouts must differ between nodes and between restarts; the
+    // wall clock and the process id give that (the engine only needs a seed).
+    let wall_nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos() as u64);
+    let seed = config.node_id.rotate_left(32) ^ wall_nanos ^ u64::from(std::process::id());
     let applied = restored.applied;
     let node = RaftNode::new(options, restored, seed)?;
 
@@ -248,11 +252,15 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         },
         config: node.config().clone(),
     }));
+    // One clock for lease deadlines: the driver starts them when it applies
+    // a grant and expires them, the API renews them on keep-alive.
+    let clock_origin = Instant::now();
     let backend = Arc::new(RaftBackend::new(
         state.clone(),
         calls_tx,
         view.clone(),
         config.clone(),
+        clock_origin,
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
 
@@ -275,7 +283,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         transport,
         view,
         config,
-        clock_origin: Instant::now(),
+        clock_origin,
         actions: Vec::new(),
         next_request_id: 1,
         waiting: HashMap::new(),
