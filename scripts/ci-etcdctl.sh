@@ -115,6 +115,36 @@ if [[ "$(grep -c ', true, ' <<<"$status")" -ne 1 ]]; then
   fail "endpoint status should show exactly one leader"
 fi
 
+# etcdctl 3.4 dials these calls by the members' client URLs and sends the
+# URL as the HTTP/2 authority; the server must answer them all the same.
+echo "== endpoint status and hashkv --cluster, and by URL"
+cluster_status="$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:22379 endpoint status --cluster 2>&1)"
+echo "$cluster_status"
+if [[ "$(grep -c '^http://127.0.0.1:[0-9]*, ' <<<"$cluster_status")" -ne 3 ]]; then
+  fail "endpoint status --cluster should answer for all three members"
+fi
+if [[ "$(grep -c ', true, ' <<<"$cluster_status")" -ne 1 ]]; then
+  fail "endpoint status --cluster should show exactly one leader"
+fi
+# Every member holds the same history, so the hashes agree (a follower may
+# be an instant behind: ask again a few times).
+for attempt in 1 2 3 4 5; do
+  hashes="$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2379 endpoint hashkv --cluster 2>&1)"
+  distinct="$(sed -n 's/^http:\/\/127.0.0.1:[0-9]*, \([0-9]*\)$/\1/p' <<<"$hashes" | sort -u | wc -l)"
+  answered="$(grep -c '^http://127.0.0.1:[0-9]*, [0-9]*$' <<<"$hashes")"
+  [[ "$answered" -eq 3 && "$distinct" -eq 1 ]] && break
+  sleep 0.5
+done
+echo "$hashes"
+if [[ "$answered" -ne 3 || "$distinct" -ne 1 ]]; then
+  fail "endpoint hashkv --cluster should give one hash from all three members"
+fi
+by_url="$(ETCDCTL_API=3 etcdctl --endpoints=http://127.0.0.1:32379 endpoint status 2>&1)"
+echo "$by_url"
+if ! grep -q '^http://127.0.0.1:32379, ' <<<"$by_url"; then
+  fail "endpoint status with an http:// endpoint"
+fi
+
 echo "== member add --learner / member remove at run time"
 added="$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:22379 member add ferry-4 --peer-urls=http://127.0.0.1:42380 --learner 2>&1)"
 echo "$added"

@@ -52,7 +52,7 @@ fn spawn(node: &DevNode, members: &[String], dir: &Path) -> std::io::Result<Chil
     command
         .arg("serve")
         .arg("--id")
-        .arg(node.id.to_string())
+        .arg(format!("{:x}", node.id))
         .arg("--data-dir")
         .arg(&node_dir)
         .arg("--listen-client")
@@ -137,7 +137,7 @@ pub fn run(args: DevArgs) -> ExitCode {
         .collect();
     let members: Vec<String> = nodes
         .iter()
-        .map(|n| format!("{}=127.0.0.1:{},{}", n.id, n.peer_port, n.client_url()))
+        .map(|n| format!("{:x}=127.0.0.1:{},{}", n.id, n.peer_port, n.client_url()))
         .collect();
     if let Err(error) = std::fs::create_dir_all(&args.dir) {
         eprintln!("ferry dev: cannot create {}: {error}", args.dir.display());

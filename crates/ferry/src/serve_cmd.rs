@@ -17,10 +17,11 @@ pub struct ServeArgs {
     /// ["1=10.0.0.1:2380,http://10.0.0.1:2379", ...]`).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// This node's id: a nonzero integer, unique in the cluster, that never
-    /// changes (it names the node in the log and to its peers).
-    #[arg(long)]
-    pub id: Option<u64>,
+    /// This node's id: a nonzero number in hexadecimal, as etcdctl prints
+    /// member ids (`0x` may lead), unique in the cluster and never changed.
+    /// It names the node in the log and to its peers.
+    #[arg(long, value_name = "HEX")]
+    pub id: Option<String>,
     /// The directory for this node's log and snapshots. Created if missing;
     /// on restart the node resumes from it. [default: ./ferry-data]
     #[arg(long, value_name = "DIR")]
@@ -31,8 +32,8 @@ pub struct ServeArgs {
     /// Where to accept connections from the other nodes. [default: 127.0.0.1:2380]
     #[arg(long, value_name = "ADDR")]
     pub listen_peer: Option<SocketAddr>,
-    /// A founding member, as `ID=PEER_ADDR,CLIENT_URL` (e.g.
-    /// `2=127.0.0.1:22380,http://127.0.0.1:22379`). Give every member,
+    /// A founding member, as `ID=PEER_ADDR,CLIENT_URL` with the id in
+    /// hexadecimal (e.g. `2=127.0.0.1:22380,http://127.0.0.1:22379`). Give every member,
     /// this node included, with the same list on every node. Without any,
     /// the node founds a one-member cluster of itself.
     #[arg(long, value_name = "MEMBER")]
@@ -51,7 +52,7 @@ pub struct ServeArgs {
     pub snapshot_entries: Option<u64>,
     /// Join a running cluster instead of founding one. First add this node
     /// with `etcdctl member add NAME --peer-urls=http://PEER_ADDR [--learner]`
-    /// and start it with the id that call printed (in decimal), an empty
+    /// and start it with the id that call printed, an empty
     /// data directory, and `--member` for this node and at least one
     /// current member. It learns the log and the configuration from the
     /// leader. On later restarts the flag is ignored: the data directory
@@ -68,7 +69,9 @@ pub struct ServeArgs {
 #[derive(serde::Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 struct ServeFile {
-    id: Option<u64>,
+    /// A string, in hexadecimal like the flag: a TOML integer would invite
+    /// reading `10` as ten where the flag reads sixteen.
+    id: Option<String>,
     data_dir: Option<PathBuf>,
     listen_client: Option<SocketAddr>,
     listen_peer: Option<SocketAddr>,
@@ -81,18 +84,29 @@ struct ServeFile {
     join: Option<bool>,
 }
 
+/// Parses a member id written as etcdctl prints it: hexadecimal, with or
+/// without `0x`, and nonzero.
+fn parse_id(text: &str) -> Result<u64, String> {
+    let digits = text.trim();
+    let digits = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+        .unwrap_or(digits);
+    match u64::from_str_radix(digits, 16) {
+        Ok(0) => Err(format!("the id {text:?} is zero; ids start at 1")),
+        Ok(id) => Ok(id),
+        Err(_) => Err(format!(
+            "the id {text:?} is not a hexadecimal number (as etcdctl prints member ids)"
+        )),
+    }
+}
+
 /// Parses `ID=PEER_ADDR,CLIENT_URL`.
 fn parse_member(text: &str) -> Result<(u64, MemberAddrs), String> {
     let (id, addrs) = text
         .split_once('=')
         .ok_or_else(|| format!("member {text:?}: expected ID=PEER_ADDR,CLIENT_URL"))?;
-    let id: u64 = id
-        .trim()
-        .parse()
-        .map_err(|_| format!("member {text:?}: the id {id:?} is not a positive integer"))?;
-    if id == 0 {
-        return Err(format!("member {text:?}: ids start at 1"));
-    }
+    let id = parse_id(id).map_err(|reason| format!("member {text:?}: {reason}"))?;
     let (peer_addr, client_url) = addrs
         .split_once(',')
         .ok_or_else(|| format!("member {text:?}: expected ID=PEER_ADDR,CLIENT_URL"))?;
@@ -105,7 +119,7 @@ fn parse_member(text: &str) -> Result<(u64, MemberAddrs), String> {
     Ok((
         id,
         MemberAddrs {
-            name: format!("ferry-{id}"),
+            name: format!("ferry-{id:x}"),
             peer_addr: peer_addr.trim().to_string(),
             client_url,
         },
@@ -122,13 +136,11 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
             toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?
         }
     };
-    let id = args
+    let id_text = args
         .id
         .or(file.id)
-        .ok_or("--id is required (a nonzero integer unique in the cluster)")?;
-    if id == 0 {
-        return Err("--id must be nonzero".into());
-    }
+        .ok_or("--id is required (a nonzero hexadecimal number unique in the cluster)")?;
+    let id = parse_id(&id_text).map_err(|reason| format!("--id: {reason}"))?;
     let data_dir = args
         .data_dir
         .or(file.data_dir)
@@ -152,23 +164,24 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     for text in &member_texts {
         let (member_id, addrs) = parse_member(text)?;
         if members.insert(member_id, addrs).is_some() {
-            return Err(format!("member {member_id} is listed twice"));
+            return Err(format!("member {member_id:x} is listed twice"));
         }
     }
     if members.is_empty() {
         members.insert(
             id,
             MemberAddrs {
-                name: format!("ferry-{id}"),
+                name: format!("ferry-{id:x}"),
                 peer_addr: listen_peer.to_string(),
                 client_url: format!("http://{listen_client}"),
             },
         );
     }
     if !members.contains_key(&id) {
+        let listed: Vec<String> = members.keys().map(|id| format!("{id:x}")).collect();
         return Err(format!(
-            "this node's id {id} is not among the members {:?}",
-            members.keys().collect::<Vec<_>>()
+            "this node's id {id:x} is not among the members {}",
+            listed.join(", ")
         ));
     }
     let mut config = NodeConfig::new(id, data_dir, listen_client, listen_peer, members);
@@ -215,12 +228,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
         let mut node = match start_node(config).await {
             Ok(node) => node,
             Err(error) => {
-                eprintln!("ferry serve: node {node_id} cannot start: {error}");
+                eprintln!("ferry serve: node {node_id:x} cannot start: {error}");
                 return ExitCode::FAILURE;
             }
         };
         tracing::info!(
-            node = node_id,
+            node = %format_args!("{node_id:x}"),
             client = %node.client_addr,
             peer = %node.peer_addr,
             data = %data_dir.display(),
@@ -238,7 +251,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
             _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
             _ = node.stopped() => {
-                eprintln!("ferry serve: node {node_id} stopped after an error (see the log above)");
+                eprintln!("ferry serve: node {node_id:x} stopped after an error (see the log above)");
                 return ExitCode::FAILURE;
             }
         }
@@ -259,7 +272,7 @@ mod tests {
         assert_eq!(addrs.client_url, "http://127.0.0.1:22379");
         assert!(parse_member("x=a,http://b")
             .unwrap_err()
-            .contains("not a positive integer"));
+            .contains("not a hexadecimal number"));
         assert!(parse_member("0=a,http://b")
             .unwrap_err()
             .contains("start at 1"));
@@ -268,9 +281,55 @@ mod tests {
     }
 
     #[test]
+    fn ids_are_read_in_hexadecimal_as_etcdctl_prints_them() {
+        assert_eq!(parse_id("a"), Ok(10));
+        assert_eq!(parse_id("10"), Ok(16));
+        assert_eq!(parse_id("0x8e9e05c52164694d"), Ok(0x8e9e_05c5_2164_694d));
+        assert_eq!(parse_id(" 8E9E05C52164694D "), Ok(0x8e9e_05c5_2164_694d));
+        assert!(parse_id("0").unwrap_err().contains("start at 1"));
+        assert!(parse_id("ten").unwrap_err().contains("hexadecimal"));
+        assert!(parse_id("1ffffffffffffffff").is_err());
+        let (id, addrs) = parse_member("a=127.0.0.1:1,http://127.0.0.1:2").unwrap();
+        assert_eq!((id, addrs.name.as_str()), (10, "ferry-a"));
+        let config = node_config(ServeArgs {
+            id: Some("0xa".into()),
+            member: vec!["a=127.0.0.1:1,http://127.0.0.1:2".into()],
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(config.node_id, 10);
+    }
+
+    #[test]
+    fn a_toml_file_gives_the_id_as_a_hexadecimal_string() {
+        let dir = std::env::temp_dir().join(format!("ferry-serve-toml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("node.toml");
+        std::fs::write(
+            &path,
+            "id = \"b\"\nmember = [\"b=127.0.0.1:1,http://127.0.0.1:2\"]\n",
+        )
+        .unwrap();
+        let config = node_config(ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(config.node_id, 11);
+        std::fs::write(&path, "id = 11\n").unwrap();
+        let error = node_config(ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(error.contains("expected a string"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_node_must_be_among_its_members() {
         let args = ServeArgs {
-            id: Some(3),
+            id: Some("3".into()),
             member: vec!["1=127.0.0.1:1,http://127.0.0.1:2".into()],
             ..ServeArgs::default()
         };
@@ -282,7 +341,7 @@ mod tests {
     #[test]
     fn a_lone_node_founds_a_cluster_of_itself() {
         let config = node_config(ServeArgs {
-            id: Some(1),
+            id: Some("1".into()),
             ..ServeArgs::default()
         })
         .unwrap();

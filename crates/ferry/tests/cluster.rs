@@ -70,7 +70,7 @@ impl Cluster {
             .iter()
             .map(|n| {
                 format!(
-                    "{}=127.0.0.1:{},http://127.0.0.1:{}",
+                    "{:x}=127.0.0.1:{},http://127.0.0.1:{}",
                     n.id, n.peer_port, n.client_port
                 )
             })
@@ -97,7 +97,7 @@ impl Cluster {
             .unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_ferry"));
         command
-            .args(["serve", "--id", &id.to_string(), "--tick-ms", "20"])
+            .args(["serve", "--id", &format!("{id:x}"), "--tick-ms", "20"])
             .arg("--data-dir")
             .arg(&node.data_dir)
             .args([
@@ -132,7 +132,7 @@ impl Cluster {
             join: true,
         };
         self.members.push(format!(
-            "{id}=127.0.0.1:{},http://127.0.0.1:{}",
+            "{id:x}=127.0.0.1:{},http://127.0.0.1:{}",
             node.peer_port, node.client_port
         ));
         let peer_url = format!("http://127.0.0.1:{}", node.peer_port);

@@ -15,9 +15,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::tokio_stream::StreamExt;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::authority::AuthorityRepair;
 use crate::backend::Backend;
 use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
 use crate::error::{ApiError, KvError};
@@ -136,7 +138,10 @@ impl<B: Backend> EtcdApi<B> {
             .add_service(AuthServer::new(self.clone()))
     }
 
-    /// Serves the API on `listener` until `shutdown` resolves.
+    /// Serves the API on `listener` until `shutdown` resolves. Connections
+    /// go through [`AuthorityRepair`], so that etcd v3.4 clients which send
+    /// a URL as the HTTP/2 authority are served too, and have Nagle's
+    /// algorithm off, so that small responses are not held back.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -148,9 +153,12 @@ impl<B: Backend> EtcdApi<B> {
             shutdown.await;
             api.stop_streams();
         };
+        let incoming = TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .map(|accepted| accepted.map(AuthorityRepair::new));
         tonic::transport::Server::builder()
             .add_routes(routes)
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await
     }
 

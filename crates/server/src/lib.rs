@@ -10,6 +10,8 @@
 //! - [`backend`]: the trait the API is written against, and the in-process
 //!   single-node backend.
 //! - [`api`]: the etcd gRPC services.
+//! - [`authority`]: the repair of a URL sent as HTTP/2 `:authority` by etcd's
+//!   Go client, below the HTTP/2 server that would refuse it.
 //! - [`peer`]: the TCP transport between nodes and the wire form of engine messages.
 //! - [`runtime`]: the node runtime: the driver task around the Raft engine,
 //!   the storage and the transport, and the [`backend::Backend`] it offers the API.
@@ -17,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod authority;
 pub mod backend;
 pub mod command;
 pub mod error;
