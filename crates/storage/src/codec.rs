@@ -131,6 +131,11 @@ impl Decoder {
     pub fn new(data: Bytes) -> Self {
         Decoder { data, pos: 0 }
     }
+    /// Where the next read starts, in bytes from the start of the input
+    /// (for errors that say where).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
     /// Bytes not yet read.
     pub fn remaining(&self) -> usize {
         self.data.len() - self.pos
@@ -288,7 +293,7 @@ impl Decoder {
 }
 
 /// The fewest bytes one encoded entry takes (term, index, payload tag).
-const ENTRY_BYTES_MIN: usize = 17;
+pub const ENTRY_BYTES_MIN: usize = 17;
 
 /// One record of the write-ahead log.
 #[derive(Clone, Debug, PartialEq, Eq)]

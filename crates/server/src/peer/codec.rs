@@ -1,139 +1,83 @@
 //! The binary form of engine messages on the peer wire.
 //!
-//! Little-endian fixed-width integers, a tag byte per enum, a u32 count or
-//! length before every sequence. Decoding never trusts a count: every read
-//! is checked against the bytes left, so a bad or hostile peer gets a
-//! [`DecodeError`], never a panic or a huge allocation.
+//! Built on the storage layer's codec ([`ferry_storage::codec`]), so that an
+//! entry, a configuration or a snapshot's metadata has one binary form, on
+//! disk and on the wire, and one decoder with one set of checks: every
+//! count and length is checked against its limit and the bytes left before
+//! anything is allocated, so a bad or hostile peer gets a [`DecodeError`],
+//! never a panic or a huge allocation. Decoding slices commands and
+//! snapshot data out of the received frame without copying them.
+//!
+//! A message is `group, from, to, term` (u64 each), a tag byte for the
+//! body's kind, then the body's fields in order; enums are a tag byte and
+//! their fields.
 
-use std::collections::BTreeSet;
-
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-
+use bytes::Bytes;
 use ferry_raft::{
-    AppendResult, Configuration, Entry, EntryPayload, ForwardedRequest, MembershipChange, Message,
-    MessageBody, RequestError, RequestId, Response, Role, SnapshotMeta, SnapshotOutcome, Status,
+    AppendResult, ForwardedRequest, MembershipChange, Message, MessageBody, RequestError,
+    RequestId, Response, Role, SnapshotOutcome, Status,
 };
+use ferry_storage::codec::{Decoder, Encoder, COMMAND_BYTES_MAX, ENTRY_BYTES_MIN};
 
-/// Why a peer message could not be decoded.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DecodeError {
-    /// The message ended early.
-    #[error("peer message truncated while reading {what}")]
-    Truncated {
-        /// The field being read.
-        what: &'static str,
-    },
-    /// A tag byte names no known variant.
-    #[error(
-        "peer message has unknown {what} tag {tag}; is the peer running another ferry version?"
-    )]
-    UnknownTag {
-        /// The enum being read.
-        what: &'static str,
-        /// The tag.
-        tag: u8,
-    },
-    /// Bytes were left after the message.
-    #[error("peer message has {0} unexpected trailing bytes")]
-    Trailing(usize),
-    /// A string is not UTF-8.
-    #[error("peer message has a string that is not UTF-8")]
-    Utf8,
-}
+pub use ferry_storage::DecodeError;
+
+/// The largest snapshot chunk a message may carry; the transport's frame
+/// limit is lower, so this only bounds what a forged length may claim.
+const SNAPSHOT_CHUNK_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// The longest reason text a refused membership change may carry.
+const REASON_BYTES_MAX: u64 = 64 * 1024;
 
 /// Encodes a message.
 pub fn encode_message(message: &Message) -> Bytes {
-    let mut out = BytesMut::with_capacity(64);
-    out.put_u64_le(message.group);
-    out.put_u64_le(message.from);
-    out.put_u64_le(message.to);
-    out.put_u64_le(message.term);
+    let mut out = Encoder::new(Vec::with_capacity(64));
+    out.u64(message.group);
+    out.u64(message.from);
+    out.u64(message.to);
+    out.u64(message.term);
     put_body(&mut out, &message.body);
-    out.freeze()
+    Bytes::from(out.into_inner())
 }
 
-/// Decodes a message.
-pub fn decode_message(bytes: &[u8]) -> Result<Message, DecodeError> {
-    let mut reader = Reader(bytes);
+/// Decodes a message. Commands and snapshot data in it share `bytes`.
+pub fn decode_message(bytes: &Bytes) -> Result<Message, DecodeError> {
+    let mut reader = Reader(Decoder::new(bytes.clone()));
     let message = Message {
-        group: reader.u64("group")?,
-        from: reader.u64("from")?,
-        to: reader.u64("to")?,
-        term: reader.u64("term")?,
+        group: reader.0.u64()?,
+        from: reader.0.u64()?,
+        to: reader.0.u64()?,
+        term: reader.0.u64()?,
         body: reader.body()?,
     };
-    if !reader.0.is_empty() {
-        return Err(DecodeError::Trailing(reader.0.len()));
-    }
+    reader.0.finish()?;
     Ok(message)
 }
 
-fn put_bool(out: &mut BytesMut, value: bool) {
-    out.put_u8(value as u8);
+fn put_bool(out: &mut Encoder, value: bool) {
+    out.u8(u8::from(value));
 }
 
-fn put_bytes(out: &mut BytesMut, data: &[u8]) {
-    out.put_u32_le(data.len() as u32);
-    out.put_slice(data);
-}
-
-fn put_ids(out: &mut BytesMut, ids: &BTreeSet<u64>) {
-    out.put_u32_le(ids.len() as u32);
-    for id in ids {
-        out.put_u64_le(*id);
-    }
-}
-
-fn put_config(out: &mut BytesMut, config: &Configuration) {
-    put_ids(out, &config.voters);
-    put_ids(out, &config.voters_outgoing);
-    put_ids(out, &config.learners);
-}
-
-fn put_entry(out: &mut BytesMut, entry: &Entry) {
-    out.put_u64_le(entry.term);
-    out.put_u64_le(entry.index);
-    match &entry.payload {
-        EntryPayload::Noop => out.put_u8(0),
-        EntryPayload::Command(data) => {
-            out.put_u8(1);
-            put_bytes(out, data);
-        }
-        EntryPayload::Config(config) => {
-            out.put_u8(2);
-            put_config(out, config);
+fn put_option_u64(out: &mut Encoder, value: Option<u64>) {
+    match value {
+        None => out.u8(0),
+        Some(value) => {
+            out.u8(1);
+            out.u64(value);
         }
     }
 }
 
-fn put_snapshot_meta(out: &mut BytesMut, meta: &SnapshotMeta) {
-    out.put_u64_le(meta.index);
-    out.put_u64_le(meta.term);
-    put_config(out, &meta.config);
-}
-
-fn put_change(out: &mut BytesMut, change: &MembershipChange) {
+fn put_change(out: &mut Encoder, change: &MembershipChange) {
     let (tag, id) = match change {
         MembershipChange::AddLearner(id) => (0, id),
         MembershipChange::AddVoter(id) => (1, id),
         MembershipChange::PromoteLearner(id) => (2, id),
         MembershipChange::Remove(id) => (3, id),
     };
-    out.put_u8(tag);
-    out.put_u64_le(*id);
+    out.u8(tag);
+    out.u64(*id);
 }
 
-fn put_option_u64(out: &mut BytesMut, value: Option<u64>) {
-    match value {
-        None => out.put_u8(0),
-        Some(value) => {
-            out.put_u8(1);
-            out.put_u64_le(value);
-        }
-    }
-}
-
-fn put_body(out: &mut BytesMut, body: &MessageBody) {
+fn put_body(out: &mut Encoder, body: &MessageBody) {
     match body {
         MessageBody::RequestVote {
             pre_vote,
@@ -141,14 +85,14 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
             last_log_term,
             transfer,
         } => {
-            out.put_u8(0);
+            out.u8(0);
             put_bool(out, *pre_vote);
-            out.put_u64_le(*last_log_index);
-            out.put_u64_le(*last_log_term);
+            out.u64(*last_log_index);
+            out.u64(*last_log_term);
             put_bool(out, *transfer);
         }
         MessageBody::RequestVoteResponse { pre_vote, granted } => {
-            out.put_u8(1);
+            out.u8(1);
             put_bool(out, *pre_vote);
             put_bool(out, *granted);
         }
@@ -158,31 +102,31 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
             entries,
             leader_commit,
         } => {
-            out.put_u8(2);
-            out.put_u64_le(*prev_log_index);
-            out.put_u64_le(*prev_log_term);
-            out.put_u64_le(*leader_commit);
-            out.put_u32_le(entries.len() as u32);
+            out.u8(2);
+            out.u64(*prev_log_index);
+            out.u64(*prev_log_term);
+            out.u64(*leader_commit);
+            out.u32(entries.len() as u32);
             for entry in entries {
-                put_entry(out, entry);
+                out.entry(entry);
             }
         }
         MessageBody::AppendResponse(result) => {
-            out.put_u8(3);
+            out.u8(3);
             match result {
                 AppendResult::Success { match_index } => {
-                    out.put_u8(0);
-                    out.put_u64_le(*match_index);
+                    out.u8(0);
+                    out.u64(*match_index);
                 }
                 AppendResult::Reject {
                     rejected_index,
                     hint_index,
                     hint_term,
                 } => {
-                    out.put_u8(1);
-                    out.put_u64_le(*rejected_index);
-                    out.put_u64_le(*hint_index);
-                    out.put_u64_le(*hint_term);
+                    out.u8(1);
+                    out.u64(*rejected_index);
+                    out.u64(*hint_index);
+                    out.u64(*hint_term);
                 }
             }
         }
@@ -190,13 +134,13 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
             leader_commit,
             read_seq,
         } => {
-            out.put_u8(4);
-            out.put_u64_le(*leader_commit);
-            out.put_u64_le(*read_seq);
+            out.u8(4);
+            out.u64(*leader_commit);
+            out.u64(*read_seq);
         }
         MessageBody::HeartbeatResponse { read_seq } => {
-            out.put_u8(5);
-            out.put_u64_le(*read_seq);
+            out.u8(5);
+            out.u64(*read_seq);
         }
         MessageBody::SnapshotChunk {
             meta,
@@ -204,68 +148,68 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
             data,
             done,
         } => {
-            out.put_u8(6);
-            put_snapshot_meta(out, meta);
-            out.put_u64_le(*offset);
-            put_bytes(out, data);
+            out.u8(6);
+            out.snapshot_meta(meta);
+            out.u64(*offset);
+            out.bytes(data);
             put_bool(out, *done);
         }
         MessageBody::SnapshotChunkAck {
             snapshot_index,
             next_offset,
         } => {
-            out.put_u8(7);
-            out.put_u64_le(*snapshot_index);
-            out.put_u64_le(*next_offset);
+            out.u8(7);
+            out.u64(*snapshot_index);
+            out.u64(*next_offset);
         }
         MessageBody::SnapshotResponse {
             snapshot_index,
             outcome,
         } => {
-            out.put_u8(8);
-            out.put_u64_le(*snapshot_index);
+            out.u8(8);
+            out.u64(*snapshot_index);
             match outcome {
                 SnapshotOutcome::Installed { last_index } => {
-                    out.put_u8(0);
-                    out.put_u64_le(*last_index);
+                    out.u8(0);
+                    out.u64(*last_index);
                 }
                 SnapshotOutcome::Stale { match_index } => {
-                    out.put_u8(1);
-                    out.put_u64_le(*match_index);
+                    out.u8(1);
+                    out.u64(*match_index);
                 }
-                SnapshotOutcome::Rejected => out.put_u8(2),
+                SnapshotOutcome::Rejected => out.u8(2),
             }
         }
-        MessageBody::TimeoutNow => out.put_u8(9),
+        MessageBody::TimeoutNow => out.u8(9),
         MessageBody::Forward { id, request } => {
-            out.put_u8(10);
-            out.put_u64_le(id.0);
+            out.u8(10);
+            out.u64(id.0);
             match request {
                 ForwardedRequest::Propose(data) => {
-                    out.put_u8(0);
-                    put_bytes(out, data);
+                    out.u8(0);
+                    out.bytes(data);
                 }
-                ForwardedRequest::ReadIndex => out.put_u8(1),
+                ForwardedRequest::ReadIndex => out.u8(1),
                 ForwardedRequest::ChangeMembership(change) => {
-                    out.put_u8(2);
+                    out.u8(2);
                     put_change(out, change);
                 }
                 ForwardedRequest::TransferLeadership(target) => {
-                    out.put_u8(3);
-                    out.put_u64_le(*target);
+                    out.u8(3);
+                    out.u64(*target);
                 }
             }
         }
         MessageBody::ForwardResponse { id, result } => {
-            out.put_u8(11);
-            out.put_u64_le(id.0);
+            out.u8(11);
+            out.u64(id.0);
             match result {
                 Ok(response) => {
-                    out.put_u8(0);
+                    out.u8(0);
                     put_response(out, response);
                 }
                 Err(error) => {
-                    out.put_u8(1);
+                    out.u8(1);
                     put_error(out, error);
                 }
             }
@@ -273,23 +217,23 @@ fn put_body(out: &mut BytesMut, body: &MessageBody) {
     }
 }
 
-fn put_response(out: &mut BytesMut, response: &Response) {
+fn put_response(out: &mut Encoder, response: &Response) {
     match response {
         Response::Proposed { index, term } => {
-            out.put_u8(0);
-            out.put_u64_le(*index);
-            out.put_u64_le(*term);
+            out.u8(0);
+            out.u64(*index);
+            out.u64(*term);
         }
         Response::ReadReady { index } => {
-            out.put_u8(1);
-            out.put_u64_le(*index);
+            out.u8(1);
+            out.u64(*index);
         }
-        Response::TransferStarted => out.put_u8(2),
+        Response::TransferStarted => out.u8(2),
         Response::Status(status) => {
-            out.put_u8(3);
-            out.put_u64_le(status.group);
-            out.put_u64_le(status.id);
-            out.put_u8(match status.role {
+            out.u8(3);
+            out.u64(status.group);
+            out.u64(status.id);
+            out.u8(match status.role {
                 Role::Follower => 0,
                 Role::PreCandidate => 1,
                 Role::Candidate => 2,
@@ -297,163 +241,86 @@ fn put_response(out: &mut BytesMut, response: &Response) {
                 Role::Learner => 4,
             });
             put_bool(out, status.receiving_snapshot);
-            out.put_u64_le(status.term);
+            out.u64(status.term);
             put_option_u64(out, status.leader);
-            out.put_u64_le(status.last_index);
-            out.put_u64_le(status.commit);
-            out.put_u64_le(status.applied);
-            put_config(out, &status.config);
+            out.u64(status.last_index);
+            out.u64(status.commit);
+            out.u64(status.applied);
+            out.configuration(&status.config);
             put_bool(out, status.removed);
         }
     }
 }
 
-fn put_error(out: &mut BytesMut, error: &RequestError) {
+fn put_error(out: &mut Encoder, error: &RequestError) {
     match error {
         RequestError::NotLeader { leader } => {
-            out.put_u8(0);
+            out.u8(0);
             put_option_u64(out, *leader);
         }
-        RequestError::NoLeader => out.put_u8(1),
-        RequestError::Timeout => out.put_u8(2),
+        RequestError::NoLeader => out.u8(1),
+        RequestError::Timeout => out.u8(2),
         RequestError::Busy { limit } => {
-            out.put_u8(3);
-            out.put_u64_le(*limit as u64);
+            out.u8(3);
+            out.u64(*limit as u64);
         }
-        RequestError::Removed => out.put_u8(4),
-        RequestError::LeadershipLost => out.put_u8(5),
-        RequestError::MembershipChangePending => out.put_u8(6),
+        RequestError::Removed => out.u8(4),
+        RequestError::LeadershipLost => out.u8(5),
+        RequestError::MembershipChangePending => out.u8(6),
         RequestError::InvalidMembershipChange { reason } => {
-            out.put_u8(7);
-            put_bytes(out, reason.as_bytes());
+            out.u8(7);
+            out.bytes(reason.as_bytes());
         }
         RequestError::LearnerNotCaughtUp {
             id,
             matched,
             last_index,
         } => {
-            out.put_u8(8);
-            out.put_u64_le(*id);
-            out.put_u64_le(*matched);
-            out.put_u64_le(*last_index);
+            out.u8(8);
+            out.u64(*id);
+            out.u64(*matched);
+            out.u64(*last_index);
         }
-        RequestError::TransferInProgress => out.put_u8(9),
-        RequestError::LeaseReadsDisabled => out.put_u8(10),
+        RequestError::TransferInProgress => out.u8(9),
+        RequestError::LeaseReadsDisabled => out.u8(10),
     }
 }
 
-/// A checked reader over a message's bytes.
-struct Reader<'a>(&'a [u8]);
+/// The storage decoder with the peer messages' own enums on top.
+struct Reader(Decoder);
 
-impl Reader<'_> {
-    fn need(&self, bytes: usize, what: &'static str) -> Result<(), DecodeError> {
-        if self.0.len() < bytes {
-            return Err(DecodeError::Truncated { what });
-        }
-        Ok(())
-    }
-
-    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        self.need(1, what)?;
-        Ok(self.0.get_u8())
-    }
-
-    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        self.need(4, what)?;
-        Ok(self.0.get_u32_le())
-    }
-
-    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
-        self.need(8, what)?;
-        Ok(self.0.get_u64_le())
+impl Reader {
+    /// A tag byte, and where it was (for [`DecodeError::UnknownTag`]).
+    fn tag(&mut self) -> Result<(u8, usize), DecodeError> {
+        let at = self.0.position();
+        Ok((self.0.u8()?, at))
     }
 
     fn bool(&mut self, what: &'static str) -> Result<bool, DecodeError> {
-        match self.u8(what)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            tag => Err(DecodeError::UnknownTag { what, tag }),
+        match self.tag()? {
+            (0, _) => Ok(false),
+            (1, _) => Ok(true),
+            (tag, at) => Err(DecodeError::UnknownTag { what, tag, at }),
         }
-    }
-
-    fn bytes(&mut self, what: &'static str) -> Result<Bytes, DecodeError> {
-        let length = self.u32(what)? as usize;
-        self.need(length, what)?;
-        let data = Bytes::copy_from_slice(&self.0[..length]);
-        self.0.advance(length);
-        Ok(data)
-    }
-
-    fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
-        let data = self.bytes(what)?;
-        String::from_utf8(data.to_vec()).map_err(|_| DecodeError::Utf8)
-    }
-
-    /// A count of items at least `item_bytes` each: checked against the bytes
-    /// left so that a forged count cannot drive a huge allocation.
-    fn count(&mut self, item_bytes: usize, what: &'static str) -> Result<usize, DecodeError> {
-        let count = self.u32(what)? as usize;
-        self.need(count.saturating_mul(item_bytes), what)?;
-        Ok(count)
     }
 
     fn option_u64(&mut self, what: &'static str) -> Result<Option<u64>, DecodeError> {
-        match self.u8(what)? {
-            0 => Ok(None),
-            1 => Ok(Some(self.u64(what)?)),
-            tag => Err(DecodeError::UnknownTag { what, tag }),
+        match self.tag()? {
+            (0, _) => Ok(None),
+            (1, _) => Ok(Some(self.0.u64()?)),
+            (tag, at) => Err(DecodeError::UnknownTag { what, tag, at }),
         }
     }
 
-    fn ids(&mut self, what: &'static str) -> Result<BTreeSet<u64>, DecodeError> {
-        let count = self.count(8, what)?;
-        let mut ids = BTreeSet::new();
-        for _ in 0..count {
-            ids.insert(self.u64(what)?);
-        }
-        Ok(ids)
-    }
-
-    fn config(&mut self) -> Result<Configuration, DecodeError> {
-        Ok(Configuration {
-            voters: self.ids("voters")?,
-            voters_outgoing: self.ids("outgoing voters")?,
-            learners: self.ids("learners")?,
-        })
-    }
-
-    fn entry(&mut self) -> Result<Entry, DecodeError> {
-        let term = self.u64("entry term")?;
-        let index = self.u64("entry index")?;
-        let payload = match self.u8("entry payload")? {
-            0 => EntryPayload::Noop,
-            1 => EntryPayload::Command(self.bytes("entry command")?),
-            2 => EntryPayload::Config(self.config()?),
-            tag => {
-                return Err(DecodeError::UnknownTag {
-                    what: "entry payload",
-                    tag,
-                })
-            }
-        };
-        Ok(Entry {
-            term,
-            index,
-            payload,
-        })
-    }
-
-    fn snapshot_meta(&mut self) -> Result<SnapshotMeta, DecodeError> {
-        Ok(SnapshotMeta {
-            index: self.u64("snapshot index")?,
-            term: self.u64("snapshot term")?,
-            config: self.config()?,
-        })
+    fn string(&mut self, what: &'static str, max: u64) -> Result<String, DecodeError> {
+        let bytes = self.0.bytes(what, max)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| DecodeError::Invalid("a text that is not UTF-8"))
     }
 
     fn change(&mut self) -> Result<MembershipChange, DecodeError> {
-        let tag = self.u8("membership change")?;
-        let id = self.u64("membership change id")?;
+        let (tag, at) = self.tag()?;
+        let id = self.0.u64()?;
         match tag {
             0 => Ok(MembershipChange::AddLearner(id)),
             1 => Ok(MembershipChange::AddVoter(id)),
@@ -462,32 +329,33 @@ impl Reader<'_> {
             tag => Err(DecodeError::UnknownTag {
                 what: "membership change",
                 tag,
+                at,
             }),
         }
     }
 
     fn body(&mut self) -> Result<MessageBody, DecodeError> {
-        let tag = self.u8("message kind")?;
-        let body = match tag {
-            0 => MessageBody::RequestVote {
+        let body = match self.tag()? {
+            (0, _) => MessageBody::RequestVote {
                 pre_vote: self.bool("pre_vote")?,
-                last_log_index: self.u64("last_log_index")?,
-                last_log_term: self.u64("last_log_term")?,
+                last_log_index: self.0.u64()?,
+                last_log_term: self.0.u64()?,
                 transfer: self.bool("transfer")?,
             },
-            1 => MessageBody::RequestVoteResponse {
+            (1, _) => MessageBody::RequestVoteResponse {
                 pre_vote: self.bool("pre_vote")?,
                 granted: self.bool("granted")?,
             },
-            2 => {
-                let prev_log_index = self.u64("prev_log_index")?;
-                let prev_log_term = self.u64("prev_log_term")?;
-                let leader_commit = self.u64("leader_commit")?;
-                // An entry is at least 17 bytes (term, index, payload tag).
-                let count = self.count(17, "entries")?;
+            (2, _) => {
+                let prev_log_index = self.0.u64()?;
+                let prev_log_term = self.0.u64()?;
+                let leader_commit = self.0.u64()?;
+                let count = self
+                    .0
+                    .count("entry count", u64::from(u32::MAX), ENTRY_BYTES_MIN)?;
                 let mut entries = Vec::with_capacity(count);
                 for _ in 0..count {
-                    entries.push(self.entry()?);
+                    entries.push(self.0.entry()?);
                 }
                 MessageBody::Append {
                     prev_log_index,
@@ -496,53 +364,55 @@ impl Reader<'_> {
                     leader_commit,
                 }
             }
-            3 => MessageBody::AppendResponse(match self.u8("append result")? {
-                0 => AppendResult::Success {
-                    match_index: self.u64("match_index")?,
+            (3, _) => MessageBody::AppendResponse(match self.tag()? {
+                (0, _) => AppendResult::Success {
+                    match_index: self.0.u64()?,
                 },
-                1 => AppendResult::Reject {
-                    rejected_index: self.u64("rejected_index")?,
-                    hint_index: self.u64("hint_index")?,
-                    hint_term: self.u64("hint_term")?,
+                (1, _) => AppendResult::Reject {
+                    rejected_index: self.0.u64()?,
+                    hint_index: self.0.u64()?,
+                    hint_term: self.0.u64()?,
                 },
-                tag => {
+                (tag, at) => {
                     return Err(DecodeError::UnknownTag {
                         what: "append result",
                         tag,
+                        at,
                     })
                 }
             }),
-            4 => MessageBody::Heartbeat {
-                leader_commit: self.u64("leader_commit")?,
-                read_seq: self.u64("read_seq")?,
+            (4, _) => MessageBody::Heartbeat {
+                leader_commit: self.0.u64()?,
+                read_seq: self.0.u64()?,
             },
-            5 => MessageBody::HeartbeatResponse {
-                read_seq: self.u64("read_seq")?,
+            (5, _) => MessageBody::HeartbeatResponse {
+                read_seq: self.0.u64()?,
             },
-            6 => MessageBody::SnapshotChunk {
-                meta: self.snapshot_meta()?,
-                offset: self.u64("snapshot offset")?,
-                data: self.bytes("snapshot data")?,
+            (6, _) => MessageBody::SnapshotChunk {
+                meta: self.0.snapshot_meta()?,
+                offset: self.0.u64()?,
+                data: self.0.bytes("snapshot chunk", SNAPSHOT_CHUNK_BYTES_MAX)?,
                 done: self.bool("snapshot done")?,
             },
-            7 => MessageBody::SnapshotChunkAck {
-                snapshot_index: self.u64("snapshot index")?,
-                next_offset: self.u64("next offset")?,
+            (7, _) => MessageBody::SnapshotChunkAck {
+                snapshot_index: self.0.u64()?,
+                next_offset: self.0.u64()?,
             },
-            8 => {
-                let snapshot_index = self.u64("snapshot index")?;
-                let outcome = match self.u8("snapshot outcome")? {
-                    0 => SnapshotOutcome::Installed {
-                        last_index: self.u64("last_index")?,
+            (8, _) => {
+                let snapshot_index = self.0.u64()?;
+                let outcome = match self.tag()? {
+                    (0, _) => SnapshotOutcome::Installed {
+                        last_index: self.0.u64()?,
                     },
-                    1 => SnapshotOutcome::Stale {
-                        match_index: self.u64("match_index")?,
+                    (1, _) => SnapshotOutcome::Stale {
+                        match_index: self.0.u64()?,
                     },
-                    2 => SnapshotOutcome::Rejected,
-                    tag => {
+                    (2, _) => SnapshotOutcome::Rejected,
+                    (tag, at) => {
                         return Err(DecodeError::UnknownTag {
                             what: "snapshot outcome",
                             tag,
+                            at,
                         })
                     }
                 };
@@ -551,41 +421,46 @@ impl Reader<'_> {
                     outcome,
                 }
             }
-            9 => MessageBody::TimeoutNow,
-            10 => {
-                let id = RequestId(self.u64("request id")?);
-                let request = match self.u8("forwarded request")? {
-                    0 => ForwardedRequest::Propose(self.bytes("proposal")?),
-                    1 => ForwardedRequest::ReadIndex,
-                    2 => ForwardedRequest::ChangeMembership(self.change()?),
-                    3 => ForwardedRequest::TransferLeadership(self.u64("transfer target")?),
-                    tag => {
+            (9, _) => MessageBody::TimeoutNow,
+            (10, _) => {
+                let id = RequestId(self.0.u64()?);
+                let request = match self.tag()? {
+                    (0, _) => {
+                        ForwardedRequest::Propose(self.0.bytes("proposal", COMMAND_BYTES_MAX)?)
+                    }
+                    (1, _) => ForwardedRequest::ReadIndex,
+                    (2, _) => ForwardedRequest::ChangeMembership(self.change()?),
+                    (3, _) => ForwardedRequest::TransferLeadership(self.0.u64()?),
+                    (tag, at) => {
                         return Err(DecodeError::UnknownTag {
                             what: "forwarded request",
                             tag,
+                            at,
                         })
                     }
                 };
                 MessageBody::Forward { id, request }
             }
-            11 => {
-                let id = RequestId(self.u64("request id")?);
-                let result = match self.u8("forward result")? {
-                    0 => Ok(self.response()?),
-                    1 => Err(self.error()?),
-                    tag => {
+            (11, _) => {
+                let id = RequestId(self.0.u64()?);
+                let result = match self.tag()? {
+                    (0, _) => Ok(self.response()?),
+                    (1, _) => Err(self.error()?),
+                    (tag, at) => {
                         return Err(DecodeError::UnknownTag {
                             what: "forward result",
                             tag,
+                            at,
                         })
                     }
                 };
                 MessageBody::ForwardResponse { id, result }
             }
-            tag => {
+            (tag, at) => {
                 return Err(DecodeError::UnknownTag {
-                    what: "message kind",
+                    what: "message kind (is the peer running another ferry version?)",
                     tag,
+                    at,
                 })
             }
         };
@@ -593,71 +468,79 @@ impl Reader<'_> {
     }
 
     fn response(&mut self) -> Result<Response, DecodeError> {
-        Ok(match self.u8("response")? {
-            0 => Response::Proposed {
-                index: self.u64("index")?,
-                term: self.u64("term")?,
+        Ok(match self.tag()? {
+            (0, _) => Response::Proposed {
+                index: self.0.u64()?,
+                term: self.0.u64()?,
             },
-            1 => Response::ReadReady {
-                index: self.u64("index")?,
+            (1, _) => Response::ReadReady {
+                index: self.0.u64()?,
             },
-            2 => Response::TransferStarted,
-            3 => Response::Status(Status {
-                group: self.u64("group")?,
-                id: self.u64("id")?,
-                role: match self.u8("role")? {
-                    0 => Role::Follower,
-                    1 => Role::PreCandidate,
-                    2 => Role::Candidate,
-                    3 => Role::Leader,
-                    4 => Role::Learner,
-                    tag => return Err(DecodeError::UnknownTag { what: "role", tag }),
+            (2, _) => Response::TransferStarted,
+            (3, _) => Response::Status(Status {
+                group: self.0.u64()?,
+                id: self.0.u64()?,
+                role: match self.tag()? {
+                    (0, _) => Role::Follower,
+                    (1, _) => Role::PreCandidate,
+                    (2, _) => Role::Candidate,
+                    (3, _) => Role::Leader,
+                    (4, _) => Role::Learner,
+                    (tag, at) => {
+                        return Err(DecodeError::UnknownTag {
+                            what: "role",
+                            tag,
+                            at,
+                        })
+                    }
                 },
                 receiving_snapshot: self.bool("receiving_snapshot")?,
-                term: self.u64("term")?,
+                term: self.0.u64()?,
                 leader: self.option_u64("leader")?,
-                last_index: self.u64("last_index")?,
-                commit: self.u64("commit")?,
-                applied: self.u64("applied")?,
-                config: self.config()?,
+                last_index: self.0.u64()?,
+                commit: self.0.u64()?,
+                applied: self.0.u64()?,
+                config: self.0.configuration()?,
                 removed: self.bool("removed")?,
             }),
-            tag => {
+            (tag, at) => {
                 return Err(DecodeError::UnknownTag {
                     what: "response",
                     tag,
+                    at,
                 })
             }
         })
     }
 
     fn error(&mut self) -> Result<RequestError, DecodeError> {
-        Ok(match self.u8("request error")? {
-            0 => RequestError::NotLeader {
+        Ok(match self.tag()? {
+            (0, _) => RequestError::NotLeader {
                 leader: self.option_u64("leader")?,
             },
-            1 => RequestError::NoLeader,
-            2 => RequestError::Timeout,
-            3 => RequestError::Busy {
-                limit: self.u64("limit")? as usize,
+            (1, _) => RequestError::NoLeader,
+            (2, _) => RequestError::Timeout,
+            (3, _) => RequestError::Busy {
+                limit: usize::try_from(self.0.u64()?).unwrap_or(usize::MAX),
             },
-            4 => RequestError::Removed,
-            5 => RequestError::LeadershipLost,
-            6 => RequestError::MembershipChangePending,
-            7 => RequestError::InvalidMembershipChange {
-                reason: self.string("reason")?,
+            (4, _) => RequestError::Removed,
+            (5, _) => RequestError::LeadershipLost,
+            (6, _) => RequestError::MembershipChangePending,
+            (7, _) => RequestError::InvalidMembershipChange {
+                reason: self.string("reason", REASON_BYTES_MAX)?,
             },
-            8 => RequestError::LearnerNotCaughtUp {
-                id: self.u64("id")?,
-                matched: self.u64("matched")?,
-                last_index: self.u64("last_index")?,
+            (8, _) => RequestError::LearnerNotCaughtUp {
+                id: self.0.u64()?,
+                matched: self.0.u64()?,
+                last_index: self.0.u64()?,
             },
-            9 => RequestError::TransferInProgress,
-            10 => RequestError::LeaseReadsDisabled,
-            tag => {
+            (9, _) => RequestError::TransferInProgress,
+            (10, _) => RequestError::LeaseReadsDisabled,
+            (tag, at) => {
                 return Err(DecodeError::UnknownTag {
                     what: "request error",
                     tag,
+                    at,
                 })
             }
         })
@@ -667,6 +550,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_raft::{Configuration, Entry, EntryPayload, SnapshotMeta};
 
     fn message(body: MessageBody) -> Message {
         Message {
@@ -837,7 +721,18 @@ mod tests {
     fn every_message_kind_round_trips() {
         for original in samples() {
             let bytes = encode_message(&original);
-            assert_eq!(decode_message(&bytes), Ok(original));
+            assert_eq!(decode_message(&bytes), Ok(original.clone()));
+            // One binary form of entries on disk and on the wire.
+            if let MessageBody::Append { entries, .. } = &original.body {
+                let mut storage = Encoder::new(Vec::new());
+                for entry in entries {
+                    storage.entry(entry);
+                }
+                let storage = storage.into_inner();
+                assert!(bytes
+                    .windows(storage.len())
+                    .any(|w| w == storage.as_slice()));
+            }
         }
     }
 
@@ -847,37 +742,95 @@ mod tests {
             let bytes = encode_message(&original);
             for cut in 0..bytes.len() {
                 assert!(
-                    decode_message(&bytes[..cut]).is_err(),
+                    decode_message(&bytes.slice(..cut)).is_err(),
                     "cut at {cut} of {original:?}"
                 );
             }
             let mut longer = bytes.to_vec();
             longer.push(0);
-            assert_eq!(decode_message(&longer), Err(DecodeError::Trailing(1)));
+            assert_eq!(
+                decode_message(&Bytes::from(longer)),
+                Err(DecodeError::TrailingBytes { count: 1 })
+            );
         }
     }
 
     proptest::proptest! {
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
-            let _ = decode_message(&bytes);
+            let _ = decode_message(&Bytes::from(bytes));
         }
     }
 
     #[test]
     fn a_forged_count_does_not_allocate() {
-        let mut bytes = BytesMut::new();
+        let mut bytes = Encoder::new(Vec::new());
         for field in [1u64, 1, 2, 1] {
-            bytes.put_u64_le(field);
+            bytes.u64(field);
         }
-        bytes.put_u8(2); // Append
-        bytes.put_u64_le(0);
-        bytes.put_u64_le(0);
-        bytes.put_u64_le(0);
-        bytes.put_u32_le(u32::MAX); // claims four billion entries
-        assert_eq!(
+        bytes.u8(2); // Append
+        bytes.u64(0);
+        bytes.u64(0);
+        bytes.u64(0);
+        bytes.u32(u32::MAX); // claims four billion entries
+        let bytes = Bytes::from(bytes.into_inner());
+        assert!(matches!(
             decode_message(&bytes),
-            Err(DecodeError::Truncated { what: "entries" })
+            Err(DecodeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn a_configuration_with_node_zero_or_a_repeated_id_is_refused() {
+        let mut status = Encoder::new(Vec::new());
+        for field in [1u64, 1, 2, 1] {
+            status.u64(field);
+        }
+        status.u8(11); // ForwardResponse
+        status.u64(1);
+        status.u8(0); // Ok
+        status.u8(3); // Status
+        for field in [1u64, 2] {
+            status.u64(field);
+        }
+        status.u8(0); // Follower
+        status.u8(0);
+        status.u64(1);
+        status.u8(0); // no leader
+        for field in [0u64, 0, 0] {
+            status.u64(field);
+        }
+        let mut zero = Encoder::new(status.into_inner());
+        zero.u32(1);
+        zero.u64(0); // a voter with id 0
+        zero.u32(0);
+        zero.u32(0);
+        zero.u8(0);
+        assert_eq!(
+            decode_message(&Bytes::from(zero.into_inner())),
+            Err(DecodeError::Invalid("node id 0 in a configuration"))
         );
+    }
+
+    #[test]
+    fn commands_are_sliced_from_the_frame_not_copied() {
+        let original = message(MessageBody::Forward {
+            id: RequestId(5),
+            request: ForwardedRequest::Propose(Bytes::from(vec![7u8; 4096])),
+        });
+        let bytes = encode_message(&original);
+        let Ok(Message {
+            body:
+                MessageBody::Forward {
+                    request: ForwardedRequest::Propose(data),
+                    ..
+                },
+            ..
+        }) = decode_message(&bytes)
+        else {
+            panic!("not a forwarded proposal");
+        };
+        let frame = bytes.as_ptr_range();
+        assert!(frame.contains(&data.as_ptr()));
     }
 }
