@@ -245,69 +245,62 @@ async fn wait_for_leader(cluster: &Cluster, live: &[u64]) -> u64 {
     }
 }
 
-/// Puts through node `id`, retrying while the cluster elects a leader.
-async fn put(cluster: &Cluster, id: u64, key: &str, value: &str) {
+/// Calls node `id` until the call succeeds, for up to 30 s: nodes start,
+/// stop and elect leaders under these tests, and a call that meets one of
+/// those moments is made again.
+async fn retry<T, F, Fut>(cluster: &Cluster, id: u64, what: &str, mut call: F) -> T
+where
+    F: FnMut(Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(channel) = channel(&cluster.url(id)).await {
-            let request = PutRequest {
-                key: key.into(),
-                value: value.into(),
-                ..Default::default()
-            };
-            match KvClient::new(channel).put(request).await {
-                Ok(_) => return,
-                Err(status) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "put {key} via node {id}: {status}\n{}",
-                        cluster.log()
-                    )
-                }
-            }
-        }
+        let failure = match channel(&cluster.url(id)).await {
+            Some(channel) => match call(channel).await {
+                Ok(value) => return value,
+                Err(status) => status.to_string(),
+            },
+            None => "unreachable".to_string(),
+        };
         assert!(
             Instant::now() < deadline,
-            "node {id} unreachable\n{}",
+            "{what} via node {id}: {failure}\n{}",
             cluster.log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
+/// Puts through node `id`, retrying while the cluster elects a leader.
+async fn put(cluster: &Cluster, id: u64, key: &str, value: &str) {
+    let request = PutRequest {
+        key: key.into(),
+        value: value.into(),
+        ..Default::default()
+    };
+    retry(cluster, id, &format!("put {key}"), |channel| {
+        let request = request.clone();
+        async move { KvClient::new(channel).put(request).await }
+    })
+    .await;
+}
+
 /// A linearizable get through node `id`.
 async fn get(cluster: &Cluster, id: u64, key: &str) -> Option<String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(channel) = channel(&cluster.url(id)).await {
-            let request = RangeRequest {
-                key: key.into(),
-                ..Default::default()
-            };
-            match KvClient::new(channel).range(request).await {
-                Ok(response) => {
-                    return response
-                        .into_inner()
-                        .kvs
-                        .first()
-                        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
-                }
-                Err(status) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "get {key} via node {id}: {status}\n{}",
-                        cluster.log()
-                    )
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {id} unreachable\n{}",
-            cluster.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let request = RangeRequest {
+        key: key.into(),
+        ..Default::default()
+    };
+    let response = retry(cluster, id, &format!("get {key}"), |channel| {
+        let request = request.clone();
+        async move { KvClient::new(channel).range(request).await }
+    })
+    .await;
+    response
+        .into_inner()
+        .kvs
+        .first()
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,18 +385,10 @@ async fn a_whole_cluster_restarts_from_disk_with_every_acknowledged_write() {
 
 /// A connected channel to node `id`, retrying while it starts.
 async fn connect(cluster: &Cluster, id: u64) -> Channel {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(channel) = channel(&cluster.url(id)).await {
-            return channel;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {id} unreachable\n{}",
-            cluster.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    retry(cluster, id, "connect", |channel| async move {
+        Ok::<_, tonic::Status>(channel)
+    })
+    .await
 }
 
 /// A serializable (local) get through node `id`: what that node has applied.
@@ -879,21 +864,12 @@ async fn a_member_added_at_run_time_joins_is_promoted_and_another_is_removed() {
     }
 
     // Promote it (retrying while the leader thinks it is not caught up).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match ClusterClient::new(connect(&cluster, leader).await)
+    retry(&cluster, leader, "promote", |channel| async move {
+        ClusterClient::new(channel)
             .member_promote(MemberPromoteRequest { id: 4 })
             .await
-        {
-            Ok(_) => break,
-            Err(status) => assert!(
-                Instant::now() < deadline,
-                "promote: {status}\n{}",
-                cluster.log()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     // Every node, the new one included, lists four voters, and the new
     // member has published its client URL.
     let deadline = Instant::now() + Duration::from_secs(15);
