@@ -216,6 +216,7 @@ pub mod options;
 pub mod progress;
 pub mod quorum;
 pub mod request;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod types;
 
