@@ -705,8 +705,18 @@ impl RaftNode {
     /// node as a voter) would otherwise adopt that node's ever higher terms
     /// and depose every new leader. Check-quorum additionally makes a leader
     /// that lost its quorum step down, so followers stop granting it a lease.
+    ///
+    /// With lease reads on, a node that started less than an election
+    /// timeout ago refuses too: before it stopped it may have answered a
+    /// leader's heartbeat, and that leader counts on the promise for its
+    /// lease (reads served from it) although the node no longer remembers
+    /// making it. Elections after a start are hardly delayed by this: no
+    /// election timer fires sooner.
     pub(crate) fn in_leader_lease(&self) -> bool {
-        self.leader.is_some() && self.election_elapsed < self.options.election_timeout_ticks
+        let timeout_ticks = self.options.election_timeout_ticks;
+        let heard_leader = self.leader.is_some() && self.election_elapsed < timeout_ticks;
+        let just_started = self.options.lease_reads && self.now_tick < u64::from(timeout_ticks);
+        heard_leader || just_started
     }
 
     /// Whether `id` votes in the configuration in force or in the newest

@@ -21,6 +21,9 @@ pub struct Options {
     /// election timeout; followers ignore votes while they hear a leader.
     pub check_quorum: bool,
     /// Allow [`crate::ReadConsistency::Lease`] reads (needs `check_quorum`).
+    /// Set it alike on every node of the group: it also makes a node hold
+    /// back its vote for one election timeout after it starts, which the
+    /// leases of the others rely on (see the crate docs).
     pub lease_reads: bool,
     /// Forward requests to the leader (true) or answer `NotLeader` (false).
     pub forward_requests: bool,

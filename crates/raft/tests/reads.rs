@@ -268,3 +268,65 @@ fn a_leader_without_quorum_bounds_its_uncommitted_tail() {
     assert!(busy >= 12, "only {busy} proposals were refused");
     assert!(c.raft(leader).last_index() - c.raft(leader).commit_index() <= 8);
 }
+
+/// A follower that granted the leader its lease and then crashed must not,
+/// once restarted, vote for another candidate before the lease is over: it
+/// no longer remembers hearing from the leader, and the old leader, cut
+/// off, would serve a read from its lease after the new leader committed a
+/// write (found by the simulator once it drew lease reads).
+#[test]
+fn a_follower_that_restarts_does_not_vote_away_a_lease_it_granted() {
+    let b = 3;
+    let mut c = Cluster::with_options(&[1, 2, 3], |id| {
+        let mut o = test_options(id);
+        o.lease_reads = true;
+        if id == b {
+            // b campaigns often; the lease holds only by what a promised.
+            o.election_timeout_ticks = 2;
+        }
+        o
+    });
+    // 1 or 2 leads (b, with its short timeout, is kept out of the election).
+    c.isolate(b);
+    let leader = c.elect();
+    let a = 3 - leader;
+    c.heal();
+    let w = c.propose(leader, "x=1");
+    assert!(c.run_until(10, |c| c.raft(b).last_index()
+        == c.raft(leader).last_index()));
+    assert!(matches!(c.response(leader, w), Some(Ok(_))));
+    assert_eq!(c.leader(), Some(leader));
+    c.partition(leader, b);
+    // b cannot hear the leader; it keeps asking a for votes, and a refuses:
+    // it heard from the leader within its election timeout.
+    for _ in 0..10 {
+        c.tick_all();
+    }
+    assert_eq!(c.leader(), Some(leader));
+    assert!(c.raft(leader).term() == c.raft(a).term());
+    // Just after a round that a answered, the leader is cut off and a
+    // crashes and comes back at once.
+    c.isolate(leader);
+    c.restart(a);
+    // While the old leader may still read from its lease, a must not elect b.
+    let lease = ferry_raft::RaftNode::lease_ticks(10) as usize;
+    for tick in 0..lease {
+        c.tick_all();
+        assert_ne!(
+            c.raft(b).role(),
+            ferry_raft::Role::Leader,
+            "tick {tick}: the restarted follower voted away the lease it had granted"
+        );
+    }
+    // Then the promise runs out and b is elected; the old leader, cut off,
+    // no longer answers from its lease.
+    assert!(c.run_until(40, |c| c.raft(b).role() == ferry_raft::Role::Leader));
+    let w2 = c.propose(b, "x=2");
+    c.deliver_all();
+    assert!(matches!(c.response(b, w2), Some(Ok(_))));
+    let q = read(&mut c, leader, ReadConsistency::Lease);
+    assert!(
+        !matches!(c.response(leader, q), Some(Ok(Response::ReadReady { .. }))),
+        "the old leader served a lease read after a new leader committed a write"
+    );
+}

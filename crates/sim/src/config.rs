@@ -9,6 +9,13 @@ use crate::rng::SimRng;
 /// The simulated length of one tick at the nominal clock rate.
 pub const TICK_US: u64 = 1_000;
 
+/// The most a node's tick period deviates from nominal, in percent, in a
+/// run with lease reads. A lease keeps back a quarter of the election
+/// timeout for clock drift (see ferry_raft's crate docs): with periods
+/// within 10% of nominal, a follower's clock runs at most 22% faster than
+/// the leader's.
+pub const LEASE_DRIFT_PERCENT_MAX: u64 = 10;
+
 /// Which faults the run injects, and how often.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FaultConfig {
@@ -105,6 +112,8 @@ pub struct EngineConfig {
     pub pending_requests_max: usize,
     /// Entries kept behind a snapshot.
     pub compaction_lag_entries: u64,
+    /// Leaders serve lease reads (clients ask for them on some reads).
+    pub lease_reads: bool,
 }
 
 impl EngineConfig {
@@ -124,6 +133,7 @@ impl EngineConfig {
             request_timeout_ticks: 40,
             pending_requests_max: 1024,
             compaction_lag_entries: 2,
+            lease_reads: false,
         }
     }
 
@@ -147,6 +157,8 @@ impl EngineConfig {
                 1024
             },
             compaction_lag_entries: rng.range(0, 20),
+            // Drawn last in `SimConfig::random`, with the faults it allows.
+            lease_reads: false,
         }
     }
 
@@ -157,7 +169,7 @@ impl EngineConfig {
         options.heartbeat_interval_ticks = self.heartbeat_interval_ticks;
         options.pre_vote = self.pre_vote;
         options.check_quorum = self.check_quorum;
-        options.lease_reads = false;
+        options.lease_reads = self.lease_reads;
         options.forward_requests = self.forward_requests;
         options.inflight_messages_max = self.inflight_messages_max;
         options.inflight_bytes_max = self.inflight_bytes_max;
@@ -291,7 +303,7 @@ impl SimConfig {
         let mut rng = SimRng::new(seed ^ 0x5eed_c0f1_9000_0000);
         let drawn = *rng.pick(&[3usize, 3, 5, 5, 7]).unwrap_or(&3);
         let voters = voters.unwrap_or(drawn);
-        SimConfig {
+        let mut config = SimConfig {
             seed,
             voters,
             spares: 2,
@@ -311,7 +323,25 @@ impl SimConfig {
             trace: false,
             sabotage: Sabotage::None,
             disk: DiskConfig::random(&mut rng),
+        };
+        // Drawn after everything else, so that the other draws of a seed
+        // are the same with or without lease reads in the simulator.
+        if rng.chance_percent(25) {
+            config.allow_lease_reads();
         }
+        config
+    }
+
+    /// Turns lease reads on, with the faults restricted to those under which
+    /// a lease is safe: check-quorum on, no clock jumps, no pauses (a paused
+    /// leader's ticks stop while real time goes on), and bounded drift.
+    /// Crashes, partitions, lost and late messages stay.
+    pub fn allow_lease_reads(&mut self) {
+        self.engine.lease_reads = true;
+        self.engine.check_quorum = true;
+        self.faults.clock_jump_weight = 0;
+        self.faults.pause_weight = 0;
+        self.faults.drift_percent_max = self.faults.drift_percent_max.min(LEASE_DRIFT_PERCENT_MAX);
     }
 
     /// A quiet run for scenarios: reliable network, no faults, no clients.

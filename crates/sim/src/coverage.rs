@@ -93,6 +93,8 @@ counters! {
     CasCompareFailed => "cas_compare_failed",
     /// A linearizable read returned a value.
     ReadOk => "read_ok",
+    /// A read served under the leader's lease returned a value.
+    LeaseReadOk => "lease_read_ok",
     /// A paused node's inbox overflowed and dropped messages.
     InboxOverflow => "inbox_overflow",
     /// The nodes ran on the real storage code over a simulated disk.

@@ -43,11 +43,17 @@ impl Simulation {
         client.next_op_seq += 1;
         let uid = self.next_op_uid;
         self.next_op_uid += 1;
+        // Drawn only in runs with lease reads, so that other runs keep their
+        // sequence of draws.
+        let lease_read =
+            kind == OpKind::Read && self.config.engine.lease_reads && self.rng.chance_percent(50);
+        let client = &mut self.clients[slot];
         client.op = Some(ClientOp {
             uid,
             op_seq,
             key,
             kind,
+            lease_read,
             invoked_at: self.now_us,
             attempts: 0,
             awaiting: Awaiting::Backoff,
@@ -102,6 +108,7 @@ impl Simulation {
             return;
         }
         let request = match op.kind {
+            OpKind::Read if op.lease_read => Request::Read(ReadConsistency::Lease),
             OpKind::Read => Request::Read(ReadConsistency::Linearizable),
             OpKind::Write(value) => Request::Propose(
                 Command::Write {
@@ -195,6 +202,9 @@ impl Simulation {
                 }
                 let value = machine.get(op.key);
                 self.coverage.hit(Counter::ReadOk);
+                if op.lease_read {
+                    self.coverage.hit(Counter::LeaseReadOk);
+                }
                 self.client_complete(slot, Outcome::Ok { read: value });
             }
             (OpKind::Write(_) | OpKind::Cas { .. }, Ok(Response::Proposed { index, term })) => {

@@ -133,7 +133,7 @@ impl Simulation {
                     .filter_map(|n| n.engine.as_ref())
                     .map(|e| {
                         format!(
-                            "n{}:{:?}/t{}/leader{:?}/last{}/commit{}/applied{}{}",
+                            "n{}:{:?}/t{}/leader{:?}/last{}/commit{}/applied{}/voters{:?}{}{}",
                             e.id(),
                             e.role(),
                             e.term(),
@@ -141,6 +141,12 @@ impl Simulation {
                             e.last_index(),
                             e.commit_index(),
                             e.applied_index(),
+                            e.config().voters,
+                            if e.config().voters_outgoing.is_empty() {
+                                String::new()
+                            } else {
+                                format!("+outgoing{:?}", e.config().voters_outgoing)
+                            },
                             if e.is_receiving_snapshot() {
                                 "/receiving-snapshot"
                             } else {

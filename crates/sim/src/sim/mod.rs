@@ -222,6 +222,8 @@ struct ClientOp {
     op_seq: u64,
     key: u64,
     kind: OpKind,
+    /// A read asked of the leader's lease rather than by ReadIndex.
+    lease_read: bool,
     invoked_at: u64,
     attempts: u32,
     awaiting: Awaiting,
