@@ -6,6 +6,7 @@
 //! all: everything that could refuse it is checked before the first write.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use prost::Message;
 
@@ -416,7 +417,7 @@ impl KvState {
         }
         txn.events.push(to_event(
             &Version {
-                kv: new,
+                kv: Arc::new(new),
                 sub_revision: txn.sub_revision - 1,
                 tombstone: false,
             },
@@ -438,11 +439,11 @@ impl KvState {
         }
         txn.events.push(to_event(
             &Version {
-                kv: KeyValue {
+                kv: Arc::new(KeyValue {
                     key: key.to_vec(),
                     mod_revision: txn.revision,
                     ..KeyValue::default()
-                },
+                }),
                 sub_revision: txn.sub_revision - 1,
                 tombstone: true,
             },
@@ -656,36 +657,34 @@ impl KvState {
 
     /// Encodes the whole state: magic, protobuf body, CRC32C of both.
     pub fn snapshot(&self) -> Vec<u8> {
-        let snapshot = ferrypb::Snapshot {
-            applied_index: self.applied_index,
-            revision: self.store.revision(),
-            compacted_revision: self.store.compacted_revision(),
-            lease_id_next: self.lease_id_next,
-            versions: self
-                .store
-                .versions()
-                .map(|v| ferrypb::SnapshotVersion {
-                    kv: Some(v.kv.clone()),
-                    sub_revision: v.sub_revision,
-                    tombstone: v.tombstone,
-                })
-                .collect(),
-            leases: self
-                .leases
-                .iter()
-                .map(|(id, record)| ferrypb::SnapshotLease {
-                    id: *id,
-                    granted_ttl_seconds: record.granted_ttl_seconds,
-                })
-                .collect(),
-            members: self.members.values().cloned().collect(),
-        };
-        let mut bytes = Vec::with_capacity(SNAPSHOT_MAGIC.len() + snapshot.encoded_len() + 4);
-        bytes.extend_from_slice(SNAPSHOT_MAGIC);
-        bytes.extend_from_slice(&snapshot.encode_to_vec());
-        let checksum = crc32c::crc32c(&bytes);
-        bytes.extend_from_slice(&checksum.to_le_bytes());
-        bytes
+        self.snapshot_source().encode()
+    }
+
+    /// What a snapshot of the state at this moment holds, taken without
+    /// copying any key or value (see [`SnapshotSource`]).
+    pub fn snapshot_source(&self) -> SnapshotSource {
+        SnapshotSource {
+            head: ferrypb::Snapshot {
+                applied_index: self.applied_index,
+                revision: self.store.revision(),
+                compacted_revision: self.store.compacted_revision(),
+                lease_id_next: self.lease_id_next,
+                ..ferrypb::Snapshot::default()
+            },
+            versions: self.store.versions().cloned().collect(),
+            tail: ferrypb::Snapshot {
+                leases: self
+                    .leases
+                    .iter()
+                    .map(|(id, record)| ferrypb::SnapshotLease {
+                        id: *id,
+                        granted_ttl_seconds: record.granted_ttl_seconds,
+                    })
+                    .collect(),
+                members: self.members.values().cloned().collect(),
+                ..ferrypb::Snapshot::default()
+            },
+        }
     }
 
     /// Rebuilds a state machine from [`KvState::snapshot`] bytes, checking
@@ -716,7 +715,7 @@ impl KvState {
                 .kv
                 .ok_or_else(|| CodecError::Inconsistent("a version without a key-value".into()))?;
             versions.push(Version {
-                kv,
+                kv: Arc::new(kv),
                 sub_revision: version.sub_revision,
                 tombstone: version.tombstone,
             });
@@ -760,6 +759,151 @@ impl KvState {
     pub fn member_records(&self) -> &BTreeMap<u64, ferrypb::MemberRecordCommand> {
         &self.members
     }
+}
+
+/// Bytes [`SnapshotSource::write_to`] gathers before handing them on.
+const SNAPSHOT_WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Protobuf key of `Snapshot.versions` (field 5, length-delimited).
+const KEY_SNAPSHOT_VERSIONS: u8 = (5 << 3) | 2;
+/// Protobuf key of `SnapshotVersion.kv` (field 1, length-delimited).
+const KEY_VERSION_KV: u8 = (1 << 3) | 2;
+/// Protobuf key of `SnapshotVersion.sub_revision` (field 2, varint).
+const KEY_VERSION_SUB_REVISION: u8 = 2 << 3;
+/// Protobuf key of `SnapshotVersion.tombstone` (field 3, varint).
+const KEY_VERSION_TOMBSTONE: u8 = 3 << 3;
+
+/// The contents of a snapshot at one applied index, detached from the live
+/// state: encoding it later gives exactly the bytes [`KvState::snapshot`]
+/// gave when it was taken, however the state changed since.
+///
+/// Why this shape: taking it costs one pointer copy per stored version (the
+/// key-values are shared, see [`Version`]) plus the small lease and member
+/// tables, so the driver can take it between two applies and leave the
+/// encoding, the checksum and the write of hundreds of MB to a blocking
+/// thread. A copy-on-write store was the alternative; sharing the
+/// immutable key-values needs no new data structure and keeps reads as
+/// they are.
+///
+/// The encoding is the protobuf encoding of `ferrypb::Snapshot`, written
+/// in three parts so that no key-value is cloned into a message: fields
+/// 1-4 (`head`), each version as field 5, then fields 6-7 (`tail`). Field
+/// order is what prost's derived encoder uses, so the bytes are the same;
+/// a test checks that against the derived encoder.
+#[derive(Debug, Clone)]
+pub struct SnapshotSource {
+    /// Only the scalar fields 1-4 are set.
+    head: ferrypb::Snapshot,
+    /// Every stored version, in key order, oldest first per key.
+    versions: Vec<Version>,
+    /// Only the leases and members (fields 6-7) are set.
+    tail: ferrypb::Snapshot,
+}
+
+impl SnapshotSource {
+    /// The applied index the snapshot covers.
+    pub fn applied_index(&self) -> u64 {
+        self.head.applied_index
+    }
+
+    /// Encodes the snapshot into one buffer (see [`KvState::snapshot`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.encoded_len());
+        let written = self.write_to(|piece| {
+            bytes.extend_from_slice(piece);
+            Ok::<(), std::convert::Infallible>(())
+        });
+        debug_assert_eq!(written.ok(), Some(bytes.len() as u64));
+        bytes
+    }
+
+    /// Size of the encoded snapshot, magic and checksum included.
+    pub fn encoded_len(&self) -> usize {
+        let versions: usize = self
+            .versions
+            .iter()
+            .map(|version| {
+                let body = version_body_len(version);
+                1 + prost::length_delimiter_len(body) + body
+            })
+            .sum();
+        SNAPSHOT_MAGIC.len() + self.head.encoded_len() + versions + self.tail.encoded_len() + 4
+    }
+
+    /// Streams the encoded snapshot to `sink` in pieces of about
+    /// [`SNAPSHOT_WRITE_BUFFER_BYTES`], so that the whole encoding never has
+    /// to be in memory at once. Returns the number of bytes written.
+    pub fn write_to<E>(&self, mut sink: impl FnMut(&[u8]) -> Result<(), E>) -> Result<u64, E> {
+        let mut buffer: Vec<u8> = Vec::with_capacity(SNAPSHOT_WRITE_BUFFER_BYTES);
+        let mut checksum: u32 = 0;
+        let mut written: u64 = 0;
+        let mut flush = |buffer: &mut Vec<u8>, checksum: &mut u32| -> Result<(), E> {
+            *checksum = crc32c::crc32c_append(*checksum, buffer);
+            written += buffer.len() as u64;
+            sink(buffer)?;
+            buffer.clear();
+            Ok(())
+        };
+        buffer.extend_from_slice(SNAPSHOT_MAGIC);
+        append_message(&self.head, &mut buffer);
+        for version in &self.versions {
+            buffer.push(KEY_SNAPSHOT_VERSIONS);
+            encode_varint(version_body_len(version) as u64, &mut buffer);
+            buffer.push(KEY_VERSION_KV);
+            encode_varint(version.kv.encoded_len() as u64, &mut buffer);
+            append_message(&*version.kv, &mut buffer);
+            if version.sub_revision != 0 {
+                buffer.push(KEY_VERSION_SUB_REVISION);
+                encode_varint(u64::from(version.sub_revision), &mut buffer);
+            }
+            if version.tombstone {
+                buffer.push(KEY_VERSION_TOMBSTONE);
+                buffer.push(1);
+            }
+            if buffer.len() >= SNAPSHOT_WRITE_BUFFER_BYTES {
+                flush(&mut buffer, &mut checksum)?;
+            }
+        }
+        append_message(&self.tail, &mut buffer);
+        flush(&mut buffer, &mut checksum)?;
+        buffer.extend_from_slice(&checksum.to_le_bytes());
+        flush(&mut buffer, &mut checksum)?;
+        Ok(written)
+    }
+}
+
+/// Length of one `SnapshotVersion` message's body.
+fn version_body_len(version: &Version) -> usize {
+    let kv = version.kv.encoded_len();
+    let mut len = 1 + prost::length_delimiter_len(kv) + kv;
+    if version.sub_revision != 0 {
+        len += 1 + varint_len(u64::from(version.sub_revision));
+    }
+    if version.tombstone {
+        len += 2;
+    }
+    len
+}
+
+/// Appends a message's encoding (without a length) to a buffer.
+fn append_message(message: &impl Message, buffer: &mut Vec<u8>) {
+    // prost refuses only a buffer without room; a Vec grows.
+    let outcome = message.encode(buffer);
+    debug_assert!(outcome.is_ok(), "encoding into a Vec cannot fail");
+}
+
+/// Appends `value` as a protobuf varint.
+fn encode_varint(mut value: u64, buffer: &mut Vec<u8>) {
+    while value >= 0x80 {
+        buffer.push((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    buffer.push(value as u8);
+}
+
+/// Bytes `value` takes as a protobuf varint.
+fn varint_len(value: u64) -> usize {
+    let bits = 64 - (value | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
 }
 
 /// Keys a txn branch may put and ranges it may delete.

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::error::KvError;
 use crate::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
@@ -17,11 +18,17 @@ use crate::pb::etcdserverpb::{RangeRequest, RangeResponse};
 use crate::pb::mvccpb::{event::EventType, Event, KeyValue};
 
 /// One stored version of a key.
+///
+/// Cloning a version is cheap: the key-value is shared, never changed in
+/// place (a write adds a new version). That is what lets the driver take
+/// the store's contents for a snapshot in O(versions) pointer copies and
+/// leave the encoding of the (possibly hundreds of MB of) data to a
+/// blocking thread, while applies go on changing the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Version {
     /// The key-value as a reader sees it; for a tombstone only `key` and
     /// `mod_revision` are set.
-    pub kv: KeyValue,
+    pub kv: Arc<KeyValue>,
     /// Position of the change inside its revision, to replay a txn's events
     /// in the order its operations ran.
     pub sub_revision: u32,
@@ -165,7 +172,7 @@ impl MvccStore {
     /// The visible version of `key` at `at`, or `None` when absent.
     pub fn get(&self, key: &[u8], at: ReadAt) -> Option<&KeyValue> {
         let versions = self.keys.get(key)?;
-        visible(versions, at).map(|v| &v.kv)
+        visible(versions, at).map(|v| &*v.kv)
     }
 
     /// Visible key-values in `range` at `at`, in key order.
@@ -177,7 +184,7 @@ impl MvccStore {
         let walk = range.bounds().map(|bounds| {
             self.keys
                 .range::<[u8], _>(bounds)
-                .filter_map(move |(_, versions)| visible(versions, at).map(|v| &v.kv))
+                .filter_map(move |(_, versions)| visible(versions, at).map(|v| &*v.kv))
         });
         walk.into_iter().flatten()
     }
@@ -255,7 +262,7 @@ impl MvccStore {
         let previous = versions
             .last()
             .filter(|v| !v.tombstone)
-            .map(|v| v.kv.clone());
+            .map(|v| KeyValue::clone(&v.kv));
         let (create_revision, version) = match &previous {
             Some(prev) => (prev.create_revision, prev.version + 1),
             None => (revision, 1),
@@ -269,7 +276,7 @@ impl MvccStore {
             lease,
         };
         versions.push(Version {
-            kv: kv.clone(),
+            kv: Arc::new(kv.clone()),
             sub_revision,
             tombstone: false,
         });
@@ -280,13 +287,13 @@ impl MvccStore {
     pub fn delete(&mut self, revision: i64, sub_revision: u32, key: &[u8]) -> Option<KeyValue> {
         debug_assert!(revision > self.revision);
         let versions = self.keys.get_mut(key)?;
-        let previous = versions.last().filter(|v| !v.tombstone)?.kv.clone();
+        let previous = KeyValue::clone(&versions.last().filter(|v| !v.tombstone)?.kv);
         versions.push(Version {
-            kv: KeyValue {
+            kv: Arc::new(KeyValue {
                 key: key.to_vec(),
                 mod_revision: revision,
                 ..KeyValue::default()
-            },
+            }),
             sub_revision,
             tombstone: true,
         });
@@ -349,7 +356,7 @@ impl MvccStore {
                     .checked_sub(1)
                     .map(|p| &versions[p])
                     .filter(|p| !p.tombstone)
-                    .map(|p| p.kv.clone());
+                    .map(|p| KeyValue::clone(&p.kv));
                 found.push((revision, version.sub_revision, to_event(version, prev_kv)));
             }
         }
@@ -472,7 +479,7 @@ pub fn to_event(version: &Version, prev_kv: Option<KeyValue>) -> Event {
         } else {
             EventType::Put as i32
         },
-        kv: Some(version.kv.clone()),
+        kv: Some(KeyValue::clone(&version.kv)),
         prev_kv,
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::command::decode_command;
 use crate::error::{CodecError, KvError};
-use crate::kv_state::{Applied, KvLimits, KvState};
+use crate::kv_state::{Applied, KvLimits, KvState, SnapshotSource};
 use crate::lease::LeaseClock;
 use crate::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
 use crate::pb::ferrypb::Command;
@@ -59,18 +59,35 @@ impl StateMachine {
         }
     }
 
-    /// Replaces the state with a snapshot. Lease deadlines start over and
-    /// every watch stream is woken to catch up from the new history.
+    /// Replaces the state with a snapshot (see [`StateMachine::install`]).
     pub fn restore(&mut self, bytes: &[u8]) -> Result<(), CodecError> {
-        self.kv = KvState::restore(bytes, self.kv.limits().clone())?;
+        let kv = KvState::restore(bytes, self.kv.limits().clone())?;
+        self.install(kv);
+        Ok(())
+    }
+
+    /// Replaces the state with one already restored from a snapshot (the
+    /// driver decodes a received snapshot off its task and swaps it in
+    /// here). Lease deadlines start over and every watch stream is woken to
+    /// catch up from the new history. Returns the state it replaced, for
+    /// the caller to free where that does not hold anyone up.
+    pub fn install(&mut self, kv: KvState) -> KvState {
+        debug_assert_eq!(kv.limits(), self.kv.limits());
+        let replaced = std::mem::replace(&mut self.kv, kv);
         self.lease_clock.reset();
         self.watches.wake_all();
-        Ok(())
+        replaced
     }
 
     /// The snapshot of the replicated state (see [`KvState::snapshot`]).
     pub fn snapshot(&self) -> Vec<u8> {
         self.kv.snapshot()
+    }
+
+    /// What a snapshot taken now holds, to encode elsewhere (see
+    /// [`KvState::snapshot_source`]).
+    pub fn snapshot_source(&self) -> SnapshotSource {
+        self.kv.snapshot_source()
     }
 
     /// Creates a watcher on a stream (see [`WatchHub::create`]).

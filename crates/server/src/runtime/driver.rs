@@ -22,7 +22,7 @@ use super::member_addrs;
 use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
 use crate::error::ApiError;
-use crate::kv_state::CommandResponse;
+use crate::kv_state::{CommandResponse, KvLimits, KvState};
 use crate::peer::{
     decode_message, encode_message, Transport, TransportConfig, TransportError, TransportEvent,
 };
@@ -276,6 +276,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     });
 
     let (snapshot_written_tx, snapshot_written) = mpsc::channel(1);
+    let (snapshot_restored_tx, snapshot_restored) = mpsc::channel(1);
     let mut driver = Driver {
         node,
         storage,
@@ -291,6 +292,9 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         sync_in_flight: false,
         after_sync: Vec::new(),
         receiving: None,
+        restoring: None,
+        restore_seq: 0,
+        snapshot_restored_tx,
         applied,
         snapshot_index: applied,
         snapshot_building: None,
@@ -302,7 +306,13 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     };
     let driver_task = tokio::spawn(async move {
         if let Err(error) = driver
-            .run(calls, transport_events, snapshot_written, shutdown_rx)
+            .run(
+                calls,
+                transport_events,
+                snapshot_written,
+                snapshot_restored,
+                shutdown_rx,
+            )
             .await
         {
             tracing::error!(%error, "the node stopped: {error}");
@@ -346,7 +356,15 @@ struct Driver {
     /// whose log reset becomes durable with that sync).
     after_sync: Vec<Input>,
     /// The snapshot being received from the leader.
-    receiving: Option<SnapshotWriter<FsDisk>>,
+    receiving: Option<Inbound>,
+    /// The received snapshot being restored on a blocking thread, if any
+    /// (one at a time: the engine sends no chunk while it waits for an
+    /// install).
+    restoring: Option<Restoring>,
+    /// Numbers restores, so that a result is matched to the one in flight.
+    restore_seq: u64,
+    /// Where the restore thread hands its result back.
+    snapshot_restored_tx: mpsc::Sender<Restored>,
     /// The last index applied to the state machine.
     applied: Index,
     /// The index of the latest local snapshot.
@@ -369,12 +387,46 @@ type SyncOutcome = (ferry_storage::PendingSync<FsDisk>, std::io::Result<()>);
 /// A snapshot of the local state machine whose data a blocking thread wrote.
 type SnapshotWritten = (SnapshotWriter<FsDisk>, Result<(), StorageError>);
 
+/// A snapshot arriving from the leader, chunk by chunk.
+struct Inbound {
+    /// Its file, written as the chunks come.
+    writer: SnapshotWriter<FsDisk>,
+    /// The chunks, kept to restore from on the last one without reading
+    /// the file back (the storage can only be read from the driver). They
+    /// take as much memory as the snapshot, which the restore needs in one
+    /// piece anyway: the bound is the snapshot's size, as before.
+    chunks: Vec<Bytes>,
+}
+
+/// A received snapshot whose state a blocking thread is restoring.
+struct Restoring {
+    /// Matches the thread's [`Restored`] to this restore.
+    seq: u64,
+    /// The complete file; installed once the state is restored.
+    writer: SnapshotWriter<FsDisk>,
+    /// Offset of the last chunk, which the engine's answer names.
+    offset: u64,
+    /// The snapshot's size.
+    size_bytes: u64,
+}
+
+/// What a restore thread hands back to the driver.
+struct Restored {
+    /// Which restore (see [`Restoring::seq`]).
+    seq: u64,
+    /// The state decoded from the snapshot, or why it could not be.
+    outcome: Result<KvState, String>,
+    /// How long decoding and rebuilding took on the thread.
+    restore_ms: u128,
+}
+
 impl Driver {
     async fn run(
         &mut self,
         mut calls: mpsc::Receiver<Call>,
         mut transport_events: mpsc::Receiver<TransportEvent>,
         mut snapshot_written: mpsc::Receiver<SnapshotWritten>,
+        mut snapshot_restored: mpsc::Receiver<Restored>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), DriverError> {
         let mut ticker = tokio::time::interval(self.config.tick_interval);
@@ -398,14 +450,10 @@ impl Driver {
                     }
                 }
                 Some((writer, outcome)) = snapshot_written.recv() => self.on_snapshot_written(writer, outcome)?,
+                Some(restored) = snapshot_restored.recv() => self.on_snapshot_restored(restored)?,
                 Some(event) = transport_events.recv() => self.on_transport(event)?,
                 Some(call) = calls.recv() => self.on_call(call)?,
-                _ = ticker.tick() => {
-                    self.ticks += 1;
-                    self.step(Input::Tick)?;
-                    self.expire_leases()?;
-                    self.publish_self()?;
-                }
+                _ = ticker.tick() => self.on_tick()?,
             }
         }
         // Finish what was written: a clean stop leaves nothing half-synced.
@@ -417,6 +465,22 @@ impl Driver {
         self.storage.wal.sync()?;
         tracing::info!("node stopped cleanly");
         Ok(())
+    }
+
+    /// One tick of the timer: the engine's clock, lease expiry, and the
+    /// publication of this node's addresses.
+    fn on_tick(&mut self) -> Result<(), DriverError> {
+        self.ticks += 1;
+        self.step(Input::Tick)?;
+        if self.receiving.is_some() && !self.node.is_receiving_snapshot() {
+            // The engine gave up on the transfer (the leader went quiet):
+            // free the chunks kept for the restore now rather than when the
+            // next transfer starts.
+            tracing::debug!("dropping a snapshot transfer the engine abandoned");
+            self.receiving = None;
+        }
+        self.expire_leases()?;
+        self.publish_self()
     }
 
     /// Starts a sync of everything written since the last one, unless one is
@@ -573,18 +637,18 @@ impl Driver {
                 done,
             } => {
                 let snapshot_index = meta.index;
-                let ok = self.save_snapshot_chunk(meta, offset, &data, done);
-                let input = Input::SnapshotChunkSaved {
+                let ok = match self.save_snapshot_chunk(meta, offset, data, done) {
+                    ChunkSaved::Written => true,
+                    ChunkSaved::Failed => false,
+                    // Answered when the restore thread is done; until then
+                    // the engine sees the snapshot as being received.
+                    ChunkSaved::Restoring => return Ok(()),
+                };
+                self.step(Input::SnapshotChunkSaved {
                     snapshot_index,
                     offset,
                     ok,
-                };
-                if ok && done {
-                    // The log reset becomes durable with the next sync.
-                    self.after_sync.push(input);
-                } else {
-                    self.step(input)?;
-                }
+                })?;
             }
             Action::Compact { through } => self.storage.wal.compact(KV_GROUP, through)?,
             Action::RoleChanged { role, term, leader } => {
@@ -684,75 +748,176 @@ impl Driver {
         }
     }
 
+    /// Writes a chunk of a snapshot from the leader. The last one is not
+    /// installed here: its state is restored on a blocking thread first
+    /// (decoding hundreds of MB would stall heartbeats and client calls),
+    /// and [`Driver::on_snapshot_restored`] installs it.
     fn save_snapshot_chunk(
         &mut self,
         meta: ferry_raft::SnapshotMeta,
         offset: u64,
-        data: &[u8],
+        data: Bytes,
         done: bool,
-    ) -> bool {
+    ) -> ChunkSaved {
+        if let Some(restoring) = &self.restoring {
+            // The engine sends no chunk while it waits for an install; if it
+            // ever did, refusing it leaves the install in flight intact.
+            tracing::warn!(
+                index = meta.index,
+                offset,
+                restoring = restoring.writer.meta().index,
+                "refusing a snapshot chunk while another snapshot is being restored"
+            );
+            return ChunkSaved::Failed;
+        }
         let result = (|| -> Result<(), String> {
             if offset == 0 {
-                self.receiving = Some(
-                    self.storage
+                self.receiving = Some(Inbound {
+                    writer: self
+                        .storage
                         .begin_snapshot(KV_GROUP, meta.clone())
                         .map_err(|e| e.to_string())?,
-                );
+                    chunks: Vec::new(),
+                });
             }
-            let writer = self
+            let inbound = self
                 .receiving
                 .as_mut()
                 .ok_or("a chunk arrived for no snapshot in progress")?;
-            if writer.meta().index != meta.index {
+            if inbound.writer.meta().index != meta.index {
                 return Err(format!(
                     "chunk of snapshot {} while receiving {}",
                     meta.index,
-                    writer.meta().index
+                    inbound.writer.meta().index
                 ));
             }
-            writer.write(offset, data).map_err(|e| e.to_string())?;
-            if done {
-                let writer = self.receiving.take().ok_or("no snapshot in progress")?;
-                self.storage
-                    .install_snapshot(writer)
-                    .map_err(|e| e.to_string())?;
-                let bytes = self
-                    .storage
-                    .snapshots
-                    .read_all(KV_GROUP, meta.index)
-                    .map_err(|e| e.to_string())?
-                    .ok_or("the installed snapshot is missing")?;
-                self.state
-                    .lock()
-                    .restore(&bytes)
-                    .map_err(|e| e.to_string())?;
-                self.applied = meta.index;
-                self.snapshot_index = meta.index;
-                tracing::info!(
-                    index = meta.index,
-                    bytes = bytes.len(),
-                    "installed a snapshot from the leader"
-                );
-            }
+            inbound
+                .writer
+                .write(offset, &data)
+                .map_err(|e| e.to_string())?;
+            inbound.chunks.push(data);
             Ok(())
         })();
         match result {
-            Ok(()) => true,
+            Ok(()) if done => match self.receiving.take() {
+                Some(inbound) => {
+                    self.start_restore(offset, inbound);
+                    ChunkSaved::Restoring
+                }
+                None => {
+                    debug_assert!(false, "the chunk was just written to it");
+                    ChunkSaved::Failed
+                }
+            },
+            Ok(()) => ChunkSaved::Written,
             Err(reason) => {
                 tracing::warn!(index = meta.index, offset, %reason, "could not save a snapshot chunk; the leader will start over");
                 self.receiving = None;
+                ChunkSaved::Failed
+            }
+        }
+    }
+
+    /// Hands a completely received snapshot to a blocking thread that
+    /// decodes it and builds the state it holds.
+    fn start_restore(&mut self, offset: u64, inbound: Inbound) {
+        debug_assert!(self.restoring.is_none());
+        self.restore_seq += 1;
+        let seq = self.restore_seq;
+        let index = inbound.writer.meta().index;
+        let size_bytes = inbound.writer.data_bytes();
+        self.restoring = Some(Restoring {
+            seq,
+            writer: inbound.writer,
+            offset,
+            size_bytes,
+        });
+        let limits = self.config.kv_limits.clone();
+        let chunks = inbound.chunks;
+        let done = self.snapshot_restored_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let outcome = restore_received(chunks, index, limits);
+            let restored = Restored {
+                seq,
+                outcome,
+                restore_ms: started.elapsed().as_millis(),
+            };
+            // The driver holds the receiver until it stops; after that the
+            // state is not needed, and the snapshot's temporary file is
+            // removed by the next start.
+            let _ = done.blocking_send(restored);
+        });
+    }
+
+    /// Installs a received snapshot whose state a blocking thread restored
+    /// (or reports that it could not be), and tells the engine.
+    fn on_snapshot_restored(&mut self, restored: Restored) -> Result<(), DriverError> {
+        if self.restoring.as_ref().map(|r| r.seq) != Some(restored.seq) {
+            // Not the restore in flight (none is abandoned today, but a
+            // result must never replace the state it was not meant for).
+            tracing::debug!(
+                seq = restored.seq,
+                "dropping the result of a snapshot restore nobody waits for"
+            );
+            return Ok(());
+        }
+        let Some(restoring) = self.restoring.take() else {
+            return Ok(());
+        };
+        let index = restoring.writer.meta().index;
+        let offset = restoring.offset;
+        let busy_started = Instant::now();
+        let installed = restored.outcome.and_then(|kv| {
+            self.storage
+                .install_snapshot(restoring.writer)
+                .map(|_| kv)
+                .map_err(|e| e.to_string())
+        });
+        let ok = match installed {
+            Ok(kv) => {
+                let replaced = self.state.lock().install(kv);
+                // Freeing a large state takes a while too.
+                tokio::task::spawn_blocking(move || drop(replaced));
+                self.applied = index;
+                self.snapshot_index = index;
+                tracing::info!(
+                    index,
+                    bytes = restoring.size_bytes,
+                    restore_ms = restored.restore_ms,
+                    driver_busy_us = busy_started.elapsed().as_micros() as u64,
+                    "installed a snapshot from the leader"
+                );
+                true
+            }
+            Err(reason) => {
+                tracing::warn!(index, %reason, "could not install a snapshot from the leader; the leader will start over");
                 false
             }
+        };
+        let input = Input::SnapshotChunkSaved {
+            snapshot_index: index,
+            offset,
+            ok,
+        };
+        if ok {
+            // The log reset becomes durable with the next sync.
+            self.after_sync.push(input);
+            Ok(())
+        } else {
+            self.step(input)
         }
     }
 
     /// Takes a snapshot of the state machine every `snapshot_interval_entries`.
     ///
-    /// The state is serialized here (it must be the state at `applied`), but
-    /// the bytes are written to disk on a blocking thread: a state of
-    /// hundreds of MB would otherwise stall heartbeats, appends and client
-    /// calls for as long as the write takes. The snapshot is completed (synced
-    /// and renamed into place) when the thread hands it back.
+    /// The state must be the one at `applied`, so its contents are taken
+    /// here, but only as shared pointers to the key-values
+    /// ([`crate::kv_state::SnapshotSource`]); the encoding, the checksum and
+    /// the write run on a blocking thread: for a state of hundreds of MB
+    /// they would otherwise stall heartbeats, appends and client calls. The
+    /// snapshot is completed (synced and renamed into place) when the
+    /// thread hands it back.
     fn maybe_snapshot(&mut self) -> Result<(), DriverError> {
         if self.snapshot_building.is_some()
             || self.applied < self.snapshot_index + self.config.snapshot_interval_entries
@@ -768,20 +933,28 @@ impl Driver {
             term,
             config: self.node.config().clone(),
         };
-        let serialize_started = Instant::now();
-        let data = self.state.lock().snapshot();
-        let serialize_ms = serialize_started.elapsed().as_millis();
+        let busy_started = Instant::now();
+        let source = self.state.lock().snapshot_source();
         let mut writer = self.storage.begin_snapshot(KV_GROUP, meta)?;
         self.snapshot_building = Some(index);
         tracing::debug!(
             index,
-            bytes = data.len(),
-            serialize_ms,
+            driver_busy_us = busy_started.elapsed().as_micros() as u64,
             "writing a snapshot"
         );
         let done = self.snapshot_written_tx.clone();
         tokio::task::spawn_blocking(move || {
-            let outcome = writer.write(0, &data);
+            let started = Instant::now();
+            let outcome = source
+                .write_to(|piece| writer.write(writer.data_bytes(), piece))
+                .map(|bytes| {
+                    tracing::debug!(
+                        index,
+                        bytes,
+                        encode_write_ms = started.elapsed().as_millis(),
+                        "encoded and wrote a snapshot"
+                    );
+                });
             // The driver holds the receiver until it stops; a send after
             // that has nobody to tell, and the temporary file is removed
             // by the next start.
@@ -929,6 +1102,35 @@ impl Driver {
     }
 }
 
+/// What became of a snapshot chunk from the leader.
+enum ChunkSaved {
+    /// Written; the engine may ask for the next.
+    Written,
+    /// Not written; the leader starts over.
+    Failed,
+    /// The last chunk: the state is being restored from the snapshot, and
+    /// the engine hears about it when that is done.
+    Restoring,
+}
+
+/// Builds the state a received snapshot holds (on a blocking thread).
+fn restore_received(chunks: Vec<Bytes>, index: Index, limits: KvLimits) -> Result<KvState, String> {
+    let size_bytes: usize = chunks.iter().map(Bytes::len).sum();
+    let mut bytes = Vec::with_capacity(size_bytes);
+    for chunk in chunks {
+        // Each chunk is freed once copied: the peak stays at one snapshot.
+        bytes.extend_from_slice(&chunk);
+    }
+    let kv = KvState::restore(&bytes, limits).map_err(|e| e.to_string())?;
+    if kv.applied_index() > index {
+        return Err(format!(
+            "the snapshot for index {index} holds a state applied up to {}",
+            kv.applied_index()
+        ));
+    }
+    Ok(kv)
+}
+
 fn fail_waiter(waiter: Waiter, error: ApiError) {
     match waiter {
         Waiter::Propose(reply) => {
@@ -948,5 +1150,300 @@ fn fail_apply_waiter(waiter: ApplyWaiter, error: ApiError) {
         ApplyWaiter::Membership(reply) => {
             let _ = reply.send(Err(error));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver's half of receiving a snapshot: the state is restored on
+    //! a blocking thread, and only its result installs the snapshot and
+    //! answers the engine.
+
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use ferry_raft::{Message, MessageBody, SnapshotMeta};
+
+    use super::*;
+    use crate::kv_state::KvLimits;
+    use crate::pb::etcdserverpb::PutRequest;
+    use crate::state::StateMachine;
+    use crate::watch::WatchLimits;
+
+    /// A driver for node 1 of the group {1, 2}, with everything but the
+    /// client API, and the receiving ends of its snapshot channels.
+    struct Harness {
+        driver: Driver,
+        restored: mpsc::Receiver<Restored>,
+        dir: PathBuf,
+    }
+
+    impl Drop for Harness {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    async fn harness(name: &str) -> Harness {
+        let dir = std::env::temp_dir().join(format!("ferry-driver-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let mut members = BTreeMap::new();
+        for id in [1u64, 2] {
+            members.insert(
+                id,
+                crate::runtime::MemberAddrs {
+                    name: format!("n{id}"),
+                    // Nobody listens there: node 2 is played by the test.
+                    peer_addr: "127.0.0.1:9".into(),
+                    client_url: String::new(),
+                },
+            );
+        }
+        let config = NodeConfig::new(1, dir.clone(), local, local, members);
+        let (storage, report) = Storage::open(FsDisk, &dir, WalOptions::default()).unwrap();
+        let recovered = report.groups.get(&KV_GROUP).cloned().unwrap_or_default();
+        let restored = recovered.restored_state(Configuration::with_voters([1, 2]));
+        let node = RaftNode::new(Options::new(1, KV_GROUP), restored, 7).unwrap();
+        let (events_tx, _events) = mpsc::channel(16);
+        let mut transport_config = TransportConfig::new(1, config.cluster_id, local);
+        transport_config.peers = BTreeMap::from([(2, "127.0.0.1:9".to_string())]);
+        let transport = Transport::start(transport_config, events_tx).await.unwrap();
+        let (snapshot_written_tx, _snapshot_written) = mpsc::channel(1);
+        let (snapshot_restored_tx, restored) = mpsc::channel(1);
+        let state = Arc::new(SharedState::new(StateMachine::new(
+            KvLimits::default(),
+            WatchLimits::default(),
+        )));
+        let view = Arc::new(Mutex::new(NodeView::default()));
+        let driver = Driver {
+            node,
+            storage,
+            state,
+            transport,
+            view,
+            config,
+            clock_origin: Instant::now(),
+            actions: Vec::new(),
+            next_request_id: 1,
+            waiting: HashMap::new(),
+            applying: BTreeMap::new(),
+            sync_in_flight: false,
+            after_sync: Vec::new(),
+            receiving: None,
+            restoring: None,
+            restore_seq: 0,
+            snapshot_restored_tx,
+            applied: 0,
+            snapshot_index: 0,
+            snapshot_building: None,
+            snapshot_written_tx,
+            ticks: 0,
+            self_publish_tick: 0,
+            role: Role::Follower,
+            removed: false,
+        };
+        Harness {
+            driver,
+            restored,
+            dir,
+        }
+    }
+
+    /// The snapshot of a state holding `keys` keys, as a leader would send.
+    fn leader_state(keys: usize, index: Index) -> KvState {
+        let mut kv = KvState::new(KvLimits::default());
+        for i in 0..keys {
+            let put = crate::command::command(crate::command::CommandKind::Put(PutRequest {
+                key: format!("k{i}").into_bytes(),
+                value: vec![b'v'; 100],
+                ..PutRequest::default()
+            }));
+            kv.apply(i as u64 + 1, &put).response.unwrap();
+        }
+        assert!(kv.applied_index() <= index);
+        kv
+    }
+
+    fn meta(index: Index) -> SnapshotMeta {
+        SnapshotMeta {
+            index,
+            term: 1,
+            config: Configuration::with_voters([1, 2]),
+        }
+    }
+
+    /// Node 2, the leader of term 1, sends a chunk.
+    fn chunk(meta: &SnapshotMeta, offset: u64, data: &[u8], done: bool) -> Input {
+        Input::Message(Message {
+            group: KV_GROUP,
+            from: 2,
+            to: 1,
+            term: 1,
+            body: MessageBody::SnapshotChunk {
+                meta: meta.clone(),
+                offset,
+                data: Bytes::copy_from_slice(data),
+                done,
+            },
+        })
+    }
+
+    /// Completes the log sync the install needs, as the run loop does.
+    fn sync(driver: &mut Driver) {
+        driver.storage.wal.sync().unwrap();
+        for input in std::mem::take(&mut driver.after_sync) {
+            driver.step(input).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_received_snapshot_is_installed_only_when_its_restore_comes_back() {
+        let mut h = harness("restore").await;
+        let leader = leader_state(50, 60);
+        let bytes = leader.snapshot();
+        let snapshot = meta(60);
+        let half = bytes.len() / 2;
+        h.driver
+            .step(chunk(&snapshot, 0, &bytes[..half], false))
+            .unwrap();
+        assert!(h.driver.receiving.is_some());
+        h.driver
+            .step(chunk(&snapshot, half as u64, &bytes[half..], true))
+            .unwrap();
+
+        // The last chunk went to the restore thread: nothing is installed
+        // yet, and the engine still sees the snapshot as being received.
+        assert!(h.driver.receiving.is_none());
+        assert!(h.driver.restoring.is_some());
+        assert!(h.driver.node.is_receiving_snapshot());
+        assert_eq!(h.driver.state.lock().kv().applied_index(), 0);
+        assert_eq!(h.driver.applied, 0);
+        assert!(h.driver.storage.snapshots.latest(KV_GROUP).is_none());
+
+        // A newer snapshot's first chunk meanwhile: the engine waits for
+        // the install and does not pass it on; had it done so, the driver
+        // would refuse it and keep the restore in flight.
+        let newer = meta(90);
+        let newer_bytes = leader_state(80, 90).snapshot();
+        h.driver
+            .step(chunk(&newer, 0, &newer_bytes, false))
+            .unwrap();
+        assert!(h.driver.receiving.is_none());
+        assert!(matches!(
+            h.driver
+                .save_snapshot_chunk(newer, 0, Bytes::from(newer_bytes), false),
+            ChunkSaved::Failed
+        ));
+        assert!(h.driver.restoring.is_some());
+        assert!(h.driver.node.is_receiving_snapshot());
+
+        let restored = h.restored.recv().await.unwrap();
+        h.driver.on_snapshot_restored(restored).unwrap();
+        assert!(h.driver.restoring.is_none());
+        assert_eq!(h.driver.state.lock().kv(), &leader);
+        assert_eq!((h.driver.applied, h.driver.snapshot_index), (60, 60));
+        assert_eq!(
+            h.driver.storage.snapshots.latest(KV_GROUP).map(|m| m.index),
+            Some(60)
+        );
+        assert_eq!(
+            h.driver.storage.snapshots.read_all(KV_GROUP, 60).unwrap(),
+            Some(bytes)
+        );
+        // The engine hears of it once the log reset is durable.
+        assert!(h.driver.node.is_receiving_snapshot());
+        sync(&mut h.driver);
+        assert!(!h.driver.node.is_receiving_snapshot());
+        assert_eq!(h.driver.node.applied_index(), 60);
+    }
+
+    #[tokio::test]
+    async fn a_restore_result_nobody_waits_for_changes_nothing() {
+        let mut h = harness("stale").await;
+        let before = h.driver.state.lock().kv().clone();
+        // No restore in flight.
+        h.driver
+            .on_snapshot_restored(Restored {
+                seq: 1,
+                outcome: Ok(leader_state(5, 10)),
+                restore_ms: 0,
+            })
+            .unwrap();
+        assert_eq!(h.driver.state.lock().kv(), &before);
+
+        // A restore in flight, and a result from another one.
+        let bytes = leader_state(5, 10).snapshot();
+        h.driver.step(chunk(&meta(10), 0, &bytes, true)).unwrap();
+        let in_flight = h.driver.restoring.as_ref().unwrap().seq;
+        h.driver
+            .on_snapshot_restored(Restored {
+                seq: in_flight + 1,
+                outcome: Ok(leader_state(7, 10)),
+                restore_ms: 0,
+            })
+            .unwrap();
+        assert_eq!(h.driver.state.lock().kv(), &before);
+        assert_eq!(h.driver.applied, 0);
+        assert!(h.driver.restoring.is_some());
+        assert!(h.driver.node.is_receiving_snapshot());
+
+        // The real one still installs.
+        let restored = h.restored.recv().await.unwrap();
+        assert_eq!(restored.seq, in_flight);
+        h.driver.on_snapshot_restored(restored).unwrap();
+        assert_eq!(h.driver.state.lock().kv(), &leader_state(5, 10));
+        sync(&mut h.driver);
+        assert_eq!(h.driver.node.applied_index(), 10);
+    }
+
+    #[tokio::test]
+    async fn the_chunks_of_a_transfer_the_engine_abandons_are_freed() {
+        let mut h = harness("abandoned").await;
+        let bytes = leader_state(5, 10).snapshot();
+        h.driver
+            .step(chunk(&meta(10), 0, &bytes[..10], false))
+            .unwrap();
+        assert_eq!(h.driver.receiving.as_ref().map(|r| r.chunks.len()), Some(1));
+        // The leader goes quiet; the engine gives up after a few election
+        // timeouts of ticks.
+        let mut ticks = 0;
+        while h.driver.node.is_receiving_snapshot() {
+            assert!(h.driver.receiving.is_some());
+            h.driver.on_tick().unwrap();
+            ticks += 1;
+            assert!(ticks < 10_000, "the engine never abandoned the transfer");
+        }
+        assert!(h.driver.receiving.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_that_does_not_restore_is_refused_and_not_installed() {
+        let mut h = harness("damaged").await;
+        let mut bytes = leader_state(20, 30).snapshot();
+        bytes[20] ^= 0x01;
+        h.driver.step(chunk(&meta(30), 0, &bytes, true)).unwrap();
+        assert!(h.driver.node.is_receiving_snapshot());
+        let restored = h.restored.recv().await.unwrap();
+        assert!(restored.outcome.is_err());
+        h.driver.on_snapshot_restored(restored).unwrap();
+        // Refused at once (the leader starts over); nothing changed here.
+        assert!(!h.driver.node.is_receiving_snapshot());
+        assert!(h.driver.after_sync.is_empty());
+        assert!(h.driver.restoring.is_none());
+        assert_eq!(h.driver.state.lock().kv().applied_index(), 0);
+        assert_eq!(h.driver.applied, 0);
+        assert!(h.driver.storage.snapshots.latest(KV_GROUP).is_none());
+
+        // The next transfer of it works.
+        let good = leader_state(20, 30);
+        h.driver
+            .step(chunk(&meta(30), 0, &good.snapshot(), true))
+            .unwrap();
+        let restored = h.restored.recv().await.unwrap();
+        h.driver.on_snapshot_restored(restored).unwrap();
+        sync(&mut h.driver);
+        assert_eq!(h.driver.state.lock().kv(), &good);
+        assert_eq!(h.driver.node.applied_index(), 30);
     }
 }

@@ -5,4 +5,5 @@ mod kv_semantics;
 mod member_records;
 mod mvcc_semantics;
 mod snapshot_determinism;
+mod snapshot_source;
 mod watch_semantics;
