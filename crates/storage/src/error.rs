@@ -122,6 +122,14 @@ pub enum StorageError {
         /// The offset expected next.
         expected: u64,
     },
+    /// A chunk was written to a snapshot already sealed (complete).
+    #[error("snapshot {index} of group {group} is sealed: no more chunks can be written to it")]
+    SnapshotSealed {
+        /// The group.
+        group: GroupId,
+        /// The snapshot's index.
+        index: Index,
+    },
 }
 
 impl StorageError {

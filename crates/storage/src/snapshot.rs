@@ -88,6 +88,9 @@ pub struct SnapshotWriter<D: Disk> {
     data_bytes: u64,
     blocks: u64,
     header_bytes: u64,
+    /// Whether the trailer is written and the file synced (see
+    /// [`SnapshotWriter::seal`]).
+    sealed: bool,
 }
 
 impl<D: Disk> SnapshotWriter<D> {
@@ -108,6 +111,12 @@ impl<D: Disk> SnapshotWriter<D> {
 
     /// Appends a chunk that starts at `offset` of the snapshot data.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.sealed {
+            return Err(StorageError::SnapshotSealed {
+                group: self.group,
+                index: self.meta.index,
+            });
+        }
         if offset != self.data_bytes {
             return Err(StorageError::SnapshotChunkOutOfOrder {
                 group: self.group,
@@ -127,6 +136,35 @@ impl<D: Disk> SnapshotWriter<D> {
                 self.write_block()?;
             }
         }
+        Ok(())
+    }
+
+    /// Completes the file: writes the last block and the trailer and syncs
+    /// the data. This is the slow part of finishing a snapshot (a sync of
+    /// the whole file), and it touches only this writer's file, so a caller
+    /// can run it on another thread before handing the writer to
+    /// [`SnapshotStore::finish`], which otherwise seals it itself. No chunk
+    /// can be written after.
+    pub fn seal(&mut self) -> Result<()> {
+        if self.sealed {
+            return Ok(());
+        }
+        if !self.block.is_empty() {
+            self.write_block()?;
+        }
+        let mut trailer = Vec::with_capacity(TRAILER_BYTES as usize);
+        trailer.extend_from_slice(&self.data_bytes.to_le_bytes());
+        trailer.extend_from_slice(&self.blocks.to_le_bytes());
+        trailer.extend_from_slice(&TRAILER_MAGIC.to_le_bytes());
+        let crc = crc32c::crc32c(&trailer);
+        trailer.extend_from_slice(&crc.to_le_bytes());
+        self.file
+            .append(&trailer)
+            .map_err(|e| StorageError::io("write snapshot", &self.tmp_path, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| StorageError::io("sync snapshot", &self.tmp_path, e))?;
+        self.sealed = true;
         Ok(())
     }
 
@@ -260,32 +298,17 @@ impl<D: Disk> SnapshotStore<D> {
             data_bytes: 0,
             blocks: 0,
             header_bytes: header.len() as u64,
+            sealed: false,
         })
     }
 
-    /// Completes a snapshot: writes the last block and the trailer, syncs the
-    /// file, renames it into place and syncs the directory. When this
-    /// returns, the snapshot survives a crash. Older snapshots beyond the two
-    /// newest are deleted.
+    /// Completes a snapshot: seals the file (unless the caller did, see
+    /// [`SnapshotWriter::seal`]), renames it into place and syncs the
+    /// directory. When this returns, the snapshot survives a crash. Older
+    /// snapshots beyond the two newest are deleted.
     pub fn finish(&mut self, mut writer: SnapshotWriter<D>) -> Result<SnapshotMeta> {
-        if !writer.block.is_empty() {
-            writer.write_block()?;
-        }
-        let mut trailer = Vec::with_capacity(TRAILER_BYTES as usize);
-        trailer.extend_from_slice(&writer.data_bytes.to_le_bytes());
-        trailer.extend_from_slice(&writer.blocks.to_le_bytes());
-        trailer.extend_from_slice(&TRAILER_MAGIC.to_le_bytes());
-        let crc = crc32c::crc32c(&trailer);
-        trailer.extend_from_slice(&crc.to_le_bytes());
+        writer.seal()?;
         let tmp = writer.tmp_path.clone();
-        writer
-            .file
-            .append(&trailer)
-            .map_err(|e| StorageError::io("write snapshot", &tmp, e))?;
-        writer
-            .file
-            .sync_data()
-            .map_err(|e| StorageError::io("sync snapshot", &tmp, e))?;
         let path = self.dir.join(file_name(writer.group, &writer.meta));
         self.disk
             .rename(&tmp, &path)

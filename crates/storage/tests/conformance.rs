@@ -268,6 +268,14 @@ fn snapshots_round_trip_in_chunks<B: Backend>(b: B) {
                 "{err}"
             );
         }
+        if k % 2 == 1 {
+            // Sealed first (as a caller does on another thread): complete,
+            // closed to more chunks, and finished the same way.
+            w.seal().unwrap();
+            w.seal().unwrap();
+            let err = w.write(off, b"x").unwrap_err();
+            assert!(matches!(err, StorageError::SnapshotSealed { .. }), "{err}");
+        }
         s.save_snapshot(w).unwrap();
         for max in [1u64, 4096, 65_536, 100_000, u64::MAX] {
             let mut got = Vec::new();
@@ -306,6 +314,19 @@ fn snapshots_round_trip_in_chunks<B: Backend>(b: B) {
         )
         .unwrap();
     drop(unfinished);
+    // So is one sealed but never finished: it never became the latest.
+    let mut sealed = s
+        .begin_snapshot(
+            7,
+            SnapshotMeta {
+                index: 98,
+                ..metas[5].0.clone()
+            },
+        )
+        .unwrap();
+    sealed.write(0, b"sealed, not finished").unwrap();
+    sealed.seal().unwrap();
+    drop(sealed);
     drop(s);
     b.restart();
     let (s, report) = open(&b, WalOptions::default());

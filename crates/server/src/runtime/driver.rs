@@ -402,8 +402,8 @@ struct Inbound {
 struct Restoring {
     /// Matches the thread's [`Restored`] to this restore.
     seq: u64,
-    /// The complete file; installed once the state is restored.
-    writer: SnapshotWriter<FsDisk>,
+    /// The snapshot's index.
+    index: Index,
     /// Offset of the last chunk, which the engine's answer names.
     offset: u64,
     /// The snapshot's size.
@@ -416,7 +416,10 @@ struct Restored {
     seq: u64,
     /// The state decoded from the snapshot, or why it could not be.
     outcome: Result<KvState, String>,
-    /// How long decoding and rebuilding took on the thread.
+    /// The snapshot's file, sealed (complete and synced) by the thread, to
+    /// be installed with the state.
+    writer: Option<SnapshotWriter<FsDisk>>,
+    /// How long sealing, decoding and rebuilding took on the thread.
     restore_ms: u128,
 }
 
@@ -765,7 +768,7 @@ impl Driver {
             tracing::warn!(
                 index = meta.index,
                 offset,
-                restoring = restoring.writer.meta().index,
+                restoring = restoring.index,
                 "refusing a snapshot chunk while another snapshot is being restored"
             );
             return ChunkSaved::Failed;
@@ -819,7 +822,8 @@ impl Driver {
     }
 
     /// Hands a completely received snapshot to a blocking thread that
-    /// decodes it and builds the state it holds.
+    /// seals its file (the sync of the whole file) and builds the state it
+    /// holds.
     fn start_restore(&mut self, offset: u64, inbound: Inbound) {
         debug_assert!(self.restoring.is_none());
         self.restore_seq += 1;
@@ -828,19 +832,23 @@ impl Driver {
         let size_bytes = inbound.writer.data_bytes();
         self.restoring = Some(Restoring {
             seq,
-            writer: inbound.writer,
+            index,
             offset,
             size_bytes,
         });
         let limits = self.config.kv_limits.clone();
-        let chunks = inbound.chunks;
+        let Inbound { mut writer, chunks } = inbound;
         let done = self.snapshot_restored_tx.clone();
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let outcome = restore_received(chunks, index, limits);
+            let outcome = writer
+                .seal()
+                .map_err(|e| e.to_string())
+                .and_then(|()| restore_received(chunks, index, limits));
             let restored = Restored {
                 seq,
                 outcome,
+                writer: Some(writer),
                 restore_ms: started.elapsed().as_millis(),
             };
             // The driver holds the receiver until it stops; after that the
@@ -865,12 +873,14 @@ impl Driver {
         let Some(restoring) = self.restoring.take() else {
             return Ok(());
         };
-        let index = restoring.writer.meta().index;
+        let index = restoring.index;
         let offset = restoring.offset;
         let busy_started = Instant::now();
+        let writer = restored.writer;
         let installed = restored.outcome.and_then(|kv| {
+            let writer = writer.ok_or("the restore thread returned no snapshot file")?;
             self.storage
-                .install_snapshot(restoring.writer)
+                .install_snapshot(writer)
                 .map(|_| kv)
                 .map_err(|e| e.to_string())
         });
@@ -945,15 +955,18 @@ impl Driver {
         let done = self.snapshot_written_tx.clone();
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
+            // Sealing syncs the whole file: here, not on the driver.
             let outcome = source
                 .write_to(|piece| writer.write(writer.data_bytes(), piece))
-                .map(|bytes| {
+                .and_then(|bytes| {
+                    writer.seal()?;
                     tracing::debug!(
                         index,
                         bytes,
-                        encode_write_ms = started.elapsed().as_millis(),
-                        "encoded and wrote a snapshot"
+                        encode_write_sync_ms = started.elapsed().as_millis(),
+                        "encoded, wrote and synced a snapshot"
                     );
+                    Ok(())
                 });
             // The driver holds the receiver until it stops; a send after
             // that has nobody to tell, and the temporary file is removed
@@ -1367,6 +1380,7 @@ mod tests {
             .on_snapshot_restored(Restored {
                 seq: 1,
                 outcome: Ok(leader_state(5, 10)),
+                writer: None,
                 restore_ms: 0,
             })
             .unwrap();
@@ -1380,6 +1394,7 @@ mod tests {
             .on_snapshot_restored(Restored {
                 seq: in_flight + 1,
                 outcome: Ok(leader_state(7, 10)),
+                writer: None,
                 restore_ms: 0,
             })
             .unwrap();

@@ -5,7 +5,9 @@
 //! client calls from the API, frames and link changes from the peer
 //! transport, ticks from a timer, and sync completions from the thread that
 //! runs fdatasync. It feeds each event to the engine and carries out the
-//! actions that come back, in order:
+//! actions that come back, in order. Work that grows with the state (a
+//! snapshot's encoding, sync and decoding) runs on blocking threads, so
+//! that heartbeats and client calls never wait for it:
 //!
 //! | action | what the driver does |
 //! | --- | --- |
@@ -13,7 +15,7 @@
 //! | `Send` | encode and queue on the peer's connection (shed when full; the engine re-sends) |
 //! | `Apply` | apply to the key-value state machine, answer the proposal waiting on that index and term, notify watchers |
 //! | `Respond` | answer the waiting API call |
-//! | `LoadSnapshotChunk` / `SaveSnapshotChunk` | read or write the snapshot store; an installed snapshot is reported after the next log sync |
+//! | `LoadSnapshotChunk` / `SaveSnapshotChunk` | read or write the snapshot store; the last chunk's file is synced and its state decoded on a blocking thread, then installed, and reported after the next log sync |
 //! | `Compact` | compact the group's log |
 //! | `RoleChanged` / `Removed` | log and publish in the node status |
 

@@ -202,7 +202,8 @@ impl Simulation {
             | StorageError::OutOfRange { .. }
             | StorageError::UnknownGroup(_)
             | StorageError::SyncInFlight
-            | StorageError::SnapshotChunkOutOfOrder { .. } => {
+            | StorageError::SnapshotChunkOutOfOrder { .. }
+            | StorageError::SnapshotSealed { .. } => {
                 self.fail(
                     FailureKind::Contract,
                     format!("node {id}: the storage refused a request: {error}"),
