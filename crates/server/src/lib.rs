@@ -6,6 +6,7 @@
 //! - [`command`]: the commands that go through the Raft log, and their codec.
 //! - [`watch`]: the watch hub.
 //! - [`lease`]: lease deadlines on the leader's clock.
+//! - [`member_id`]: member ids in hexadecimal, as people read them.
 //! - [`state`]: the state machine, watch hub and lease clock behind one lock.
 //! - [`backend`]: the trait the API is written against, and the in-process
 //!   single-node backend.
@@ -25,6 +26,7 @@ pub mod command;
 pub mod error;
 pub mod kv_state;
 pub mod lease;
+pub mod member_id;
 pub mod mvcc;
 pub mod peer;
 pub mod runtime;

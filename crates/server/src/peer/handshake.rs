@@ -81,18 +81,20 @@ impl Hello {
     pub fn verify(&self, cluster_id: u64, me: NodeId) -> Result<(), String> {
         if self.cluster_id != cluster_id {
             return Err(format!(
-                "node {} belongs to cluster {:#x} but this node (id {me}) belongs to cluster {cluster_id:#x}",
+                "node {:x} belongs to cluster {:#x} but this node (id {me:x}) belongs to cluster {cluster_id:#x}",
                 self.from, self.cluster_id
             ));
         }
         if self.to != me {
             return Err(format!(
-                "node {} dialed node {} but reached node {me}; check the peer addresses",
+                "node {:x} dialed node {:x} but reached node {me:x}; check the peer addresses",
                 self.from, self.to
             ));
         }
         if self.from == me {
-            return Err(format!("node {me} dialed itself; check the peer addresses"));
+            return Err(format!(
+                "node {me:x} dialed itself; check the peer addresses"
+            ));
         }
         Ok(())
     }

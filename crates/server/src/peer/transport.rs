@@ -15,6 +15,8 @@ use tokio::sync::{mpsc, watch};
 
 use ferry_raft::NodeId;
 
+use crate::member_id::Hex;
+
 use super::frame::{decode_frame, encode_frame, FrameError, FRAME_BYTES_MAX_DEFAULT};
 use super::handshake::{decode_answer, encode_answer, HandshakeError, Hello};
 
@@ -305,7 +307,7 @@ async fn inbound_connection(
         return;
     }
     let from = hello.from;
-    tracing::debug!(%remote, peer = from, "accepted a peer connection");
+    tracing::debug!(%remote, peer = %Hex(from), "accepted a peer connection");
     loop {
         let payload = tokio::select! {
             _ = shutdown.changed() => return,
@@ -313,7 +315,7 @@ async fn inbound_connection(
                 Ok(payload) => payload,
                 Err(ConnectionError::Closed) => return,
                 Err(error) => {
-                    tracing::warn!(peer = from, %error, "dropping peer connection");
+                    tracing::warn!(peer = %Hex(from), %error, "dropping peer connection");
                     return;
                 }
             },
@@ -348,7 +350,7 @@ async fn outbound_loop(
             Ok(Ok(stream)) => {
                 backoff = config.reconnect_backoff_min;
                 failures_logged = 0;
-                tracing::info!(peer, %addr, "connected to peer");
+                tracing::info!(peer = %Hex(peer), %addr, "connected to peer");
                 if events.send(TransportEvent::Connected(peer)).await.is_err() {
                     return;
                 }
@@ -357,14 +359,14 @@ async fn outbound_loop(
                 match ended {
                     WriteLoopEnd::Shutdown => return,
                     WriteLoopEnd::Failed(error) => {
-                        tracing::info!(peer, %addr, %error, "lost connection to peer");
+                        tracing::info!(peer = %Hex(peer), %addr, %error, "lost connection to peer");
                     }
                 }
             }
             Ok(Err(error)) => {
                 if let ConnectionError::Handshake(HandshakeError::Refused(_)) = &error {
                     stats.handshakes_refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(peer, %addr, %error, "peer refused us");
+                    tracing::warn!(peer = %Hex(peer), %addr, %error, "peer refused us");
                 } else if failures_logged < 3 {
                     // Say it a few times, then stay quiet until it works.
                     tracing::info!(peer, %addr, %error, "cannot reach peer; retrying");

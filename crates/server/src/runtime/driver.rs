@@ -23,6 +23,7 @@ use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
 use crate::error::ApiError;
 use crate::kv_state::{CommandResponse, KvLimits, KvState};
+use crate::member_id::Hex;
 use crate::peer::{
     decode_message, encode_message, Transport, TransportConfig, TransportError, TransportEvent,
 };
@@ -518,15 +519,15 @@ impl Driver {
                 }
                 Ok(message) => {
                     tracing::warn!(
-                        peer = from,
-                        claimed = message.from,
+                        peer = %Hex(from),
+                        claimed = %Hex(message.from),
                         group = message.group,
                         "dropping a message with the wrong sender or group"
                     );
                     Ok(())
                 }
                 Err(error) => {
-                    tracing::warn!(peer = from, %error, "dropping a message that does not decode");
+                    tracing::warn!(peer = %Hex(from), %error, "dropping a message that does not decode");
                     Ok(())
                 }
             },
@@ -655,7 +656,7 @@ impl Driver {
             }
             Action::Compact { through } => self.storage.wal.compact(KV_GROUP, through)?,
             Action::RoleChanged { role, term, leader } => {
-                tracing::info!(?role, term, ?leader, "role changed");
+                tracing::info!(?role, term, leader = %Hex(leader), "role changed");
                 if self.role == Role::Leader && role != Role::Leader {
                     // Lease deadlines are the leader's; a new leader starts
                     // them afresh.
@@ -1029,12 +1030,12 @@ impl Driver {
                 .collect()
         };
         for (id, addr) in wanted {
-            tracing::info!(peer = id, %addr, "dialing a new member");
+            tracing::info!(peer = %Hex(id), %addr, "dialing a new member");
             self.transport.add_peer(id, addr);
         }
         for id in dialed {
             if !members.contains(&id) {
-                tracing::info!(peer = id, "no longer dialing a removed member");
+                tracing::info!(peer = %Hex(id), "no longer dialing a removed member");
                 self.transport.remove_peer(id);
             }
         }
