@@ -165,13 +165,7 @@ impl RaftNode {
                     || (message_term == self.term
                         && (self.vote == Some(from)
                             || (self.vote.is_none() && self.leader.is_none()))));
-            let mut message = self.message(
-                from,
-                MessageBody::RequestVoteResponse {
-                    pre_vote: true,
-                    granted,
-                },
-            );
+            let mut message = self.message(from, self.vote_response(true, granted));
             if granted {
                 message.term = message_term;
             }
@@ -185,14 +179,8 @@ impl RaftNode {
             self.vote = Some(from);
             self.election_elapsed = 0;
         }
-        self.send_after_persist(
-            from,
-            MessageBody::RequestVoteResponse {
-                pre_vote: false,
-                granted,
-            },
-            actions,
-        );
+        let response = self.vote_response(false, granted);
+        self.send_after_persist(from, response, actions);
     }
 
     pub(crate) fn handle_vote_response(
@@ -201,21 +189,26 @@ impl RaftNode {
         message_term: Term,
         pre_vote: bool,
         granted: bool,
+        (commit, commit_term): (Index, Term),
         actions: &mut Vec<Action>,
     ) {
         let term = self.term;
-        let campaign = match &mut self.role {
-            RoleState::PreCandidate(c)
-                if pre_vote && (message_term == term + 1 || (!granted && message_term == term)) =>
-            {
-                c
+        let current = match &self.role {
+            RoleState::PreCandidate(_) => {
+                pre_vote && (message_term == term + 1 || (!granted && message_term == term))
             }
-            RoleState::Candidate(c) if !pre_vote && message_term == term => c,
+            RoleState::Candidate(_) => !pre_vote && message_term == term,
             // An answer to an election this node is no longer running.
-            RoleState::PreCandidate(_)
-            | RoleState::Candidate(_)
-            | RoleState::Follower
-            | RoleState::Leader(_) => return,
+            RoleState::Follower | RoleState::Leader(_) => false,
+        };
+        if !current {
+            return;
+        }
+        // May put another configuration in force, or end the campaign.
+        self.learn_commit(commit, commit_term, actions);
+        let (RoleState::PreCandidate(campaign) | RoleState::Candidate(campaign)) = &mut self.role
+        else {
+            return;
         };
         campaign.votes.insert(from, granted);
         self.check_election(actions);
@@ -345,6 +338,8 @@ mod tests {
         let grant = MessageBody::RequestVoteResponse {
             pre_vote: true,
             granted: true,
+            commit: 0,
+            commit_term: 0,
         };
         n.step(
             Input::Message(Message {

@@ -43,6 +43,13 @@ pub enum MessageBody {
         pre_vote: bool,
         /// Whether the vote was granted.
         granted: bool,
+        /// The voter's commit index. A candidate whose log holds the same
+        /// entry there (`commit_term`) learns that it is committed: a
+        /// configuration change that only some voters know to be committed
+        /// may decide who can win (see `RaftNode::learn_commit`).
+        commit: Index,
+        /// The term of the voter's entry at `commit` (0 with `commit` 0).
+        commit_term: Term,
     },
     /// The leader replicates entries (possibly none) that follow
     /// (`prev_log_index`, `prev_log_term`).

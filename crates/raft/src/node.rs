@@ -362,6 +362,7 @@ impl RaftNode {
                 MessageBody::RequestVoteResponse {
                     pre_vote: true,
                     granted: true,
+                    ..
                 } => {}
                 MessageBody::RequestVote {
                     pre_vote: false,
@@ -404,15 +405,8 @@ impl RaftNode {
                     return;
                 }
                 MessageBody::RequestVote { pre_vote, .. } => {
-                    let pre_vote = *pre_vote;
-                    self.send(
-                        from,
-                        MessageBody::RequestVoteResponse {
-                            pre_vote,
-                            granted: false,
-                        },
-                        actions,
-                    );
+                    let refusal = self.vote_response(*pre_vote, false);
+                    self.send(from, refusal, actions);
                     return;
                 }
                 MessageBody::RequestVoteResponse { .. }
@@ -445,9 +439,19 @@ impl RaftNode {
                 transfer,
                 actions,
             ),
-            MessageBody::RequestVoteResponse { pre_vote, granted } => {
-                self.handle_vote_response(from, term, pre_vote, granted, actions)
-            }
+            MessageBody::RequestVoteResponse {
+                pre_vote,
+                granted,
+                commit,
+                commit_term,
+            } => self.handle_vote_response(
+                from,
+                term,
+                pre_vote,
+                granted,
+                (commit, commit_term),
+                actions,
+            ),
             MessageBody::Append {
                 prev_log_index,
                 prev_log_term,
@@ -749,6 +753,44 @@ impl RaftNode {
         }
     }
 
+    /// Advances the commit index to what a peer reports committed, if this
+    /// node's log holds the same entry there (then, by the log matching
+    /// property, the same entries up to it).
+    ///
+    /// Candidates use it. Commit indexes are learned from the leader, and
+    /// persisted lazily, so after a leader crash the voters may disagree on
+    /// whether a configuration change is committed; each then counts votes
+    /// under another configuration. A voter that refuses a candidate (whose
+    /// log is shorter than its own) tells it what it knows to be committed;
+    /// without that, a candidate that still counts a removed node as a
+    /// voter can wait forever for that node's vote, while the removed node,
+    /// which knows the change committed, cannot campaign.
+    pub(crate) fn learn_commit(
+        &mut self,
+        commit: Index,
+        commit_term: Term,
+        actions: &mut Vec<Action>,
+    ) {
+        if commit > self.commit && self.log.term_at(commit) == Some(commit_term) {
+            self.commit_to(commit, actions);
+        }
+    }
+
+    /// The answer to a vote request, with what this node knows committed.
+    pub(crate) fn vote_response(&self, pre_vote: bool, granted: bool) -> MessageBody {
+        let commit_term = self.log.term_at(self.commit);
+        MessageBody::RequestVoteResponse {
+            pre_vote,
+            granted,
+            commit: if commit_term.is_some() {
+                self.commit
+            } else {
+                0
+            },
+            commit_term: commit_term.unwrap_or(0),
+        }
+    }
+
     /// A new configuration is in force (committed, or installed by snapshot).
     pub(crate) fn on_config_committed(&mut self, actions: &mut Vec<Action>) {
         let id = self.options.id;
@@ -765,13 +807,20 @@ impl RaftNode {
             self.fail_all_requests_removed(actions);
             return;
         }
-        if let RoleState::Leader(_) = self.role {
-            if !self.config.is_voter(id) {
-                // A leader that is no longer a voter hands over by stepping down.
-                self.become_follower(self.term, None, actions);
-                return;
+        match self.role {
+            RoleState::Leader(_) => {
+                if !self.config.is_voter(id) {
+                    // A leader that is no longer a voter hands over by stepping down.
+                    self.become_follower(self.term, None, actions);
+                    return;
+                }
+                self.sync_progress_with_config();
             }
-            self.sync_progress_with_config();
+            RoleState::PreCandidate(_) | RoleState::Candidate(_) if !self.config.is_voter(id) => {
+                // It learned mid-campaign that it no longer votes.
+                self.become_follower(self.term, self.leader, actions);
+            }
+            RoleState::PreCandidate(_) | RoleState::Candidate(_) | RoleState::Follower => {}
         }
     }
 

@@ -50,6 +50,8 @@ fn make_leader(entries: Vec<Entry>, term: u64) -> (RaftNode, Vec<Action>) {
             MessageBody::RequestVoteResponse {
                 pre_vote: true,
                 granted: true,
+                commit: 0,
+                commit_term: 0,
             },
         ),
         &mut actions,
@@ -64,6 +66,8 @@ fn make_leader(entries: Vec<Entry>, term: u64) -> (RaftNode, Vec<Action>) {
             MessageBody::RequestVoteResponse {
                 pre_vote: false,
                 granted: true,
+                commit: 0,
+                commit_term: 0,
             },
         ),
         &mut actions,

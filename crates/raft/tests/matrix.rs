@@ -180,6 +180,8 @@ fn make(row: &str) -> RaftNode {
                     MessageBody::RequestVoteResponse {
                         pre_vote: true,
                         granted: true,
+                        commit: 0,
+                        commit_term: 0,
                     },
                 ),
             );
@@ -196,6 +198,8 @@ fn make(row: &str) -> RaftNode {
                     MessageBody::RequestVoteResponse {
                         pre_vote: false,
                         granted: true,
+                        commit: 0,
+                        commit_term: 0,
                     },
                 ),
             );
@@ -317,6 +321,8 @@ fn input_for(column: &str, node: &RaftNode) -> Input {
             MessageBody::RequestVoteResponse {
                 pre_vote: false,
                 granted: true,
+                commit: 0,
+                commit_term: 0,
             },
         ),
         "Append" => msg(

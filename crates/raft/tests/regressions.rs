@@ -454,3 +454,68 @@ fn a_lagging_voter_hears_a_new_voter_whose_log_is_ahead() {
         "node 5 could not win: the lagging voter ignored it"
     );
 }
+
+/// Found by the simulator (with every node holding back its vote after a
+/// start, which made this path likely): a leader removed voter 2 from
+/// {1, 2, 3, 4} and crashed just after the change left its joint phase.
+/// Node 2 had learned that the change committed (so it no longer votes)
+/// and held one more entry than anyone; nodes 1 and 3 had not (they still
+/// count 2 as a voter of the old half) and node 4 was down. 1 and 3 each
+/// needed three of {1, 2, 3, 4}; 2 refused both (its log was longer) and
+/// could not campaign. Nobody could ever win. A refusing voter now tells
+/// the candidate what it knows committed, and the candidate, whose log
+/// holds that entry, puts the new configuration in force and wins.
+#[test]
+fn a_candidate_learns_a_committed_configuration_from_a_voter_that_refuses_it() {
+    use ferry_raft::testing::test_options;
+    use ferry_raft::{Configuration, Entry, EntryPayload, HardState, RestoredState};
+
+    let founding = Configuration::with_voters([1, 2, 3, 4]);
+    let joint = Configuration {
+        voters: [1, 3, 4].into(),
+        voters_outgoing: [1, 2, 3, 4].into(),
+        learners: Default::default(),
+    };
+    let without_2 = Configuration::with_voters([1, 3, 4]);
+    let entry = |index, payload| Entry {
+        term: 1,
+        index,
+        payload,
+    };
+    let log = vec![
+        entry(1, EntryPayload::Noop),
+        entry(2, EntryPayload::Config(joint.clone())),
+        entry(3, EntryPayload::Config(without_2.clone())),
+    ];
+    let restored = |entries: Vec<Entry>, commit| RestoredState {
+        hard_state: HardState {
+            term: 1,
+            vote: None,
+            commit,
+        },
+        entries,
+        ..RestoredState::bootstrap(founding.voters.iter().copied())
+    };
+    let mut c = Cluster::with_options(&[], test_options);
+    // 1 and 3 know the joint configuration committed, not the way out of it.
+    c.add_node(1, test_options(1), restored(log.clone(), 2));
+    c.add_node(3, test_options(3), restored(log.clone(), 2));
+    // 2 knows the change committed, and holds one entry more.
+    let mut longer = log;
+    longer.push(entry(4, EntryPayload::Command("late".into())));
+    c.add_node(2, test_options(2), restored(longer, 3));
+    // Node 4 is down (never started here): messages to it are lost.
+    assert_eq!(c.raft(1).config(), &joint);
+    assert_eq!(c.raft(2).config(), &without_2);
+
+    assert!(
+        c.run_until(300, |c| c.leader().is_some()),
+        "no leader: 1 and 3 wait for a vote from 2, which refuses them"
+    );
+    let leader = c.leader().unwrap();
+    assert!([1, 3].contains(&leader));
+    assert_eq!(c.raft(leader).config(), &without_2);
+    // And the group works: a write commits with 1 and 3.
+    let w = c.propose(leader, "after");
+    assert!(c.run_until(20, |c| matches!(c.response(leader, w), Some(Ok(_)))));
+}

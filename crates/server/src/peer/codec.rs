@@ -91,10 +91,17 @@ fn put_body(out: &mut Encoder, body: &MessageBody) {
             out.u64(*last_log_term);
             put_bool(out, *transfer);
         }
-        MessageBody::RequestVoteResponse { pre_vote, granted } => {
+        MessageBody::RequestVoteResponse {
+            pre_vote,
+            granted,
+            commit,
+            commit_term,
+        } => {
             out.u8(1);
             put_bool(out, *pre_vote);
             put_bool(out, *granted);
+            out.u64(*commit);
+            out.u64(*commit_term);
         }
         MessageBody::Append {
             prev_log_index,
@@ -345,6 +352,8 @@ impl Reader {
             (1, _) => MessageBody::RequestVoteResponse {
                 pre_vote: self.bool("pre_vote")?,
                 granted: self.bool("granted")?,
+                commit: self.0.u64()?,
+                commit_term: self.0.u64()?,
             },
             (2, _) => {
                 let prev_log_index = self.0.u64()?;
@@ -608,6 +617,8 @@ mod tests {
             MessageBody::RequestVoteResponse {
                 pre_vote: false,
                 granted: true,
+                commit: 6,
+                commit_term: 2,
             },
             MessageBody::Append {
                 prev_log_index: 4,

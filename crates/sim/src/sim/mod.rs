@@ -338,8 +338,13 @@ pub fn describe_body(body: &MessageBody) -> String {
             if *pre_vote { "PreVote" } else { "RequestVote" },
             if *transfer { " transfer" } else { "" }
         ),
-        MessageBody::RequestVoteResponse { pre_vote, granted } => format!(
-            "{}Response granted={granted}",
+        MessageBody::RequestVoteResponse {
+            pre_vote,
+            granted,
+            commit,
+            commit_term,
+        } => format!(
+            "{}Response granted={granted} commit=({commit},{commit_term})",
             if *pre_vote { "PreVote" } else { "RequestVote" }
         ),
         MessageBody::Append {
@@ -1262,6 +1267,7 @@ impl Simulation {
             MessageBody::RequestVoteResponse {
                 pre_vote: false,
                 granted: true,
+                ..
             } => {
                 let synced_vote = synced.votes.get(&message.term).copied();
                 if synced_vote != Some(message.to) {
