@@ -49,7 +49,12 @@
 //!   request but status with [`RequestError::Removed`]. The leader keeps
 //!   replicating to a removed member for a few election timeouts so that it
 //!   learns of its removal; a leader that is no longer a voter steps down once
-//!   that configuration commits.
+//!   that configuration commits. Since commit indexes travel with the
+//!   leader's messages, voters can disagree after a leader crash on which
+//!   configuration is in force; every vote answer therefore carries the
+//!   voter's commit index (and its entry's term), and a candidate whose log
+//!   holds that entry takes it as committed, so that it counts votes under
+//!   the configuration the group really has.
 //!
 //! ## Liveness by construction (the seeds)
 //!
