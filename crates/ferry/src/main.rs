@@ -1,7 +1,8 @@
-//! `ferry`: the one binary. Subcommands: `dev`, `serve`, `sim`, `lincheck`.
+//! `ferry`: the one binary. Subcommands: `dev`, `serve`, `sim`, `lincheck`, `bench`.
 
 #![forbid(unsafe_code)]
 
+mod bench_cmd;
 mod dev_cmd;
 mod lincheck_cmd;
 mod serve_cmd;
@@ -34,6 +35,9 @@ enum Command {
     Sim(sim_cmd::SimArgs),
     /// Check Jepsen-format register histories for linearizability.
     Lincheck(lincheck_cmd::LincheckArgs),
+    /// Load-test any etcd v3 endpoints (ferry or etcd) with puts or reads and
+    /// report throughput and latency percentiles.
+    Bench(bench_cmd::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve_cmd::run(args),
         Command::Sim(args) => sim_cmd::run(args),
         Command::Lincheck(args) => lincheck_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
     }
 }
 

@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# ferry and etcd side by side, on the same machine, with the same load.
+#
+# Usage: scripts/bench-vs-etcd.sh PATH/TO/ferry      (a release build)
+#
+# For each workload (put, range-linearizable, range-serializable) and each
+# round, it starts a fresh three-member cluster on 127.0.0.1 with its data in
+# a temporary folder, waits until every member commits a put, runs
+# `ferry bench` against all three client endpoints, stops the cluster and
+# deletes its data. Rounds alternate etcd, ferry, etcd, ferry, ... so that a
+# machine that gets busier or quieter over the run affects both alike; only
+# one cluster runs at a time. At the end it prints, per workload, the median
+# over the rounds of requests/s, p50 and p99 latency of each system and the
+# ratios ferry/etcd (requests/s: above 1 means ferry is faster; latency:
+# below 1 means ferry answers sooner).
+#
+# The load generator is `ferry bench` for both: one client process speaking
+# the etcd v3 gRPC API, with its connections spread round-robin over the
+# three members (so followers serve and forward as much as the leader). It
+# runs on the same machine as the cluster, as etcd's own benchmark tool
+# would.
+#
+# Both systems run with their default settings:
+# - etcd 3.4 (Debian's etcd-server; installed with apt-get when missing):
+#   heartbeat 100 ms, election timeout 1000 ms, a snapshot every 100000
+#   entries, one fdatasync of the WAL per batch of entries before they are
+#   acknowledged, bbolt backend committed every 100 ms or 10000 writes.
+#   Client ports 12379, 12479, 12579; peer ports 12380, 12480, 12580.
+# - ferry serve: a 100 ms tick (heartbeat every tick, election timeout 10 to
+#   20 ticks), a snapshot every 10000 entries, one fdatasync of the shared
+#   log per batch of entries before they are acknowledged.
+#   Client ports 13379, 13479, 13579; peer ports 13380, 13480, 13580.
+# Neither clashes with `ferry dev` (2379/22379/32379, 2380/22380/32380).
+#
+# Environment (defaults in brackets; the defaults finish in about five
+# minutes on two cores):
+#   ROUNDS       rounds per system and workload [3]
+#   WORKLOADS    space-separated [put range-linearizable range-serializable]
+#   REQUESTS     measured requests per run [50000]
+#   WARMUP       warm-up requests per run, not measured [2000]
+#   CLIENTS      requests in flight [60]
+#   CONNECTIONS  gRPC connections, round-robin over the members [6]
+#   KEY_SPACE    distinct keys [1000]
+#   KEY_BYTES    key size [8]
+#   VALUE_BYTES  value size [256]
+#   BENCH_ARGS   more `ferry bench` flags, given to every run []
+#   ETCD_ARGS    more `etcd` flags, given to every member [] (for experiments)
+#   FERRY_ARGS   more `ferry serve` flags, given to every member [] (for experiments)
+#   SYSTEMS      which systems to run, in order of each round [etcd ferry]
+#   KEEP_LOGS    a folder to copy every node's log into []
+set -uo pipefail
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 PATH/TO/ferry   (build it with: cargo build --release -p ferry)" >&2
+  exit 2
+fi
+FERRY="$(realpath "$1")"
+if [[ ! -x "$FERRY" ]]; then
+  echo "bench-vs-etcd: $1 is not an executable (build it first: cargo build --release -p ferry)" >&2
+  exit 2
+fi
+
+ROUNDS="${ROUNDS:-3}"
+WORKLOADS="${WORKLOADS:-put range-linearizable range-serializable}"
+REQUESTS="${REQUESTS:-50000}"
+WARMUP="${WARMUP:-2000}"
+CLIENTS="${CLIENTS:-60}"
+CONNECTIONS="${CONNECTIONS:-6}"
+KEY_SPACE="${KEY_SPACE:-1000}"
+KEY_BYTES="${KEY_BYTES:-8}"
+VALUE_BYTES="${VALUE_BYTES:-256}"
+BENCH_ARGS="${BENCH_ARGS:-}"
+ETCD_ARGS="${ETCD_ARGS:-}"
+FERRY_ARGS="${FERRY_ARGS:-}"
+SYSTEMS="${SYSTEMS:-etcd ferry}"
+KEEP_LOGS="${KEEP_LOGS:-}"
+
+if ! command -v etcd >/dev/null 2>&1; then
+  echo "bench-vs-etcd: etcd is missing; installing Debian's etcd-server"
+  if ! apt-get install -y etcd-server >/dev/null; then
+    apt-get update >/dev/null && apt-get install -y etcd-server >/dev/null
+  fi
+  if ! command -v etcd >/dev/null 2>&1; then
+    echo "bench-vs-etcd: could not install etcd (apt-get install -y etcd-server)" >&2
+    exit 1
+  fi
+fi
+
+ETCD_CLIENT_PORTS=(12379 12479 12579)
+ETCD_PEER_PORTS=(12380 12480 12580)
+FERRY_CLIENT_PORTS=(13379 13479 13579)
+FERRY_PEER_PORTS=(13380 13480 13580)
+
+DIR="$(mktemp -d)"
+RESULTS="$DIR/results"
+: >"$RESULTS"
+PIDS=()
+
+stop_cluster() {
+  local pid
+  for pid in "${PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null
+  done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "bench-vs-etcd: process $pid did not stop within 10 s of SIGTERM; killing it"
+      kill -KILL "$pid" 2>/dev/null
+    fi
+    wait "$pid" 2>/dev/null
+  done
+  PIDS=()
+}
+
+cleanup() {
+  stop_cluster
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_in_use() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+check_ports_free() {
+  local port
+  for port in "$@"; do
+    if port_in_use "$port"; then
+      echo "bench-vs-etcd: port $port is already in use" >&2
+      return 1
+    fi
+  done
+}
+
+start_etcd() {
+  local data="$1" cluster="" i
+  # One token for the whole cluster: members with different tokens refuse
+  # each other.
+  local token="bench-$$-$RANDOM"
+  for i in 0 1 2; do
+    cluster+="${cluster:+,}e$((i + 1))=http://127.0.0.1:${ETCD_PEER_PORTS[$i]}"
+  done
+  # ETCD_ARGS is a list of flags: split on purpose.
+  for i in 0 1 2; do
+    env -u ETCD_DATA_DIR -u ETCD_NAME etcd \
+      --name "e$((i + 1))" \
+      --data-dir "$data/e$((i + 1))" \
+      --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT_PORTS[$i]}" \
+      --advertise-client-urls "http://127.0.0.1:${ETCD_CLIENT_PORTS[$i]}" \
+      --listen-peer-urls "http://127.0.0.1:${ETCD_PEER_PORTS[$i]}" \
+      --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER_PORTS[$i]}" \
+      --initial-cluster "$cluster" \
+      --initial-cluster-token "$token" \
+      --initial-cluster-state new \
+      --logger zap --log-outputs stderr \
+      $ETCD_ARGS \
+      >"$data/e$((i + 1)).log" 2>&1 &
+    PIDS+=($!)
+  done
+}
+
+start_ferry() {
+  local data="$1" i
+  local members=()
+  for i in 0 1 2; do
+    members+=(--member "$((i + 1))=127.0.0.1:${FERRY_PEER_PORTS[$i]},http://127.0.0.1:${FERRY_CLIENT_PORTS[$i]}")
+  done
+  # FERRY_ARGS is a list of flags: split on purpose.
+  for i in 0 1 2; do
+    "$FERRY" serve \
+      --id "$((i + 1))" \
+      --data-dir "$data/f$((i + 1))" \
+      --listen-client "127.0.0.1:${FERRY_CLIENT_PORTS[$i]}" \
+      --listen-peer "127.0.0.1:${FERRY_PEER_PORTS[$i]}" \
+      "${members[@]}" \
+      $FERRY_ARGS \
+      >"$data/f$((i + 1)).log" 2>&1 &
+    PIDS+=($!)
+  done
+}
+
+# Waits until a one-request put through every endpoint succeeds (so there is
+# a leader and every member reaches it). 60 s at most.
+wait_ready() {
+  local endpoint deadline=$((SECONDS + 60)) output
+  for endpoint in "$@"; do
+    while true; do
+      output="$("$FERRY" bench --endpoints "$endpoint" --connections 1 --clients 1 \
+        --requests 1 --warmup-requests 0 --timeout-ms 2000 --key-space 1 2>&1)"
+      if grep -q '^RESULT .* errors=0 ' <<<"$output"; then
+        break
+      fi
+      if ((SECONDS > deadline)); then
+        echo "bench-vs-etcd: $endpoint did not commit a put within 60 s:"
+        echo "$output"
+        return 1
+      fi
+      sleep 0.2
+    done
+  done
+}
+
+# The value of KEY in a RESULT line.
+field() {
+  sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<" $1"
+}
+
+# One run: SYSTEM WORKLOAD ROUND. Appends "system workload round rps p50 p99
+# errors" to the results.
+run_one() {
+  local system="$1" workload="$2" round="$3"
+  local data="$DIR/$system-$workload-$round" ports endpoints="" port
+  mkdir -p "$data"
+  if [[ "$system" == etcd ]]; then
+    ports=("${ETCD_CLIENT_PORTS[@]}")
+    check_ports_free "${ETCD_CLIENT_PORTS[@]}" "${ETCD_PEER_PORTS[@]}" || return 1
+    start_etcd "$data"
+  else
+    ports=("${FERRY_CLIENT_PORTS[@]}")
+    check_ports_free "${FERRY_CLIENT_PORTS[@]}" "${FERRY_PEER_PORTS[@]}" || return 1
+    start_ferry "$data"
+  fi
+  for port in "${ports[@]}"; do
+    endpoints+="${endpoints:+,}127.0.0.1:$port"
+  done
+  local status=0 output line
+  if wait_ready ${endpoints//,/ }; then
+    # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+    output="$("$FERRY" bench --endpoints "$endpoints" --workload "$workload" \
+      --requests "$REQUESTS" --warmup-requests "$WARMUP" --clients "$CLIENTS" \
+      --connections "$CONNECTIONS" --key-space "$KEY_SPACE" --key-bytes "$KEY_BYTES" \
+      --value-bytes "$VALUE_BYTES" $BENCH_ARGS 2>&1)"
+    status=$?
+    line="$(grep '^RESULT ' <<<"$output")"
+    if [[ $status -ne 0 || -z "$line" ]]; then
+      echo "bench-vs-etcd: ferry bench failed against $system:"
+      echo "$output"
+      status=1
+    else
+      echo "$system round $round: $line"
+      echo "$system $workload $round $(field "$line" requests_per_s) $(field "$line" p50_us)" \
+        "$(field "$line" p99_us) $(field "$line" errors) $(field "$line" load_errors)" >>"$RESULTS"
+    fi
+  else
+    status=1
+  fi
+  stop_cluster
+  if [[ -n "$KEEP_LOGS" ]]; then
+    mkdir -p "$KEEP_LOGS/$system-$workload-$round"
+    cp "$data"/*.log "$KEEP_LOGS/$system-$workload-$round/" 2>/dev/null
+  elif [[ $status -ne 0 ]]; then
+    for log in "$data"/*.log; do
+      echo "---- $log (last 10 lines)"
+      tail -n 10 "$log"
+    done
+  fi
+  rm -rf "$data"
+  return $status
+}
+
+echo "bench-vs-etcd: $(etcd --version 2>/dev/null | head -n 1); ferry $("$FERRY" --version 2>/dev/null)"
+echo "bench-vs-etcd: machine: $(nproc) CPUs, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)"
+echo "bench-vs-etcd: load before: $(uptime)"
+echo "bench-vs-etcd: $ROUNDS rounds of: $WORKLOADS; $REQUESTS requests (+$WARMUP warm-up)," \
+  "$CLIENTS clients on $CONNECTIONS connections, $KEY_SPACE keys of $KEY_BYTES bytes," \
+  "values of $VALUE_BYTES bytes${BENCH_ARGS:+; bench flags: $BENCH_ARGS}" \
+  "${ETCD_ARGS:+; etcd flags: $ETCD_ARGS}${FERRY_ARGS:+; ferry serve flags: $FERRY_ARGS}"
+
+failures=0
+for workload in $WORKLOADS; do
+  echo "== $workload"
+  for round in $(seq 1 "$ROUNDS"); do
+    for system in $SYSTEMS; do
+      run_one "$system" "$workload" "$round" || failures=$((failures + 1))
+    done
+  done
+done
+echo "bench-vs-etcd: load after: $(uptime)"
+
+# The median of the numbers on stdin (the mean of the middle two for an
+# even count).
+median() {
+  sort -g | awk '{ v[NR] = $1 } END {
+    if (NR == 0) { print "-"; exit }
+    if (NR % 2) { print v[(NR + 1) / 2] } else { print (v[NR / 2] + v[NR / 2 + 1]) / 2 }
+  }'
+}
+
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'
+}
+
+column_of() {
+  awk -v s="$1" -v w="$2" -v c="$3" '$1 == s && $2 == w { print $c }' "$RESULTS"
+}
+
+echo
+echo "Medians over $ROUNDS rounds ($REQUESTS requests each, $CLIENTS clients, $CONNECTIONS connections," \
+  "$VALUE_BYTES-byte values); ratio = ferry/etcd"
+printf '%-20s %11s %11s %6s | %9s %9s %6s | %9s %9s %6s | %s\n' \
+  workload "etcd req/s" "ferry req/s" ratio "etcd p50" "ferry p50" ratio "etcd p99" "ferry p99" ratio errors
+for workload in $WORKLOADS; do
+  e_rps="$(column_of etcd "$workload" 4 | median)"
+  f_rps="$(column_of ferry "$workload" 4 | median)"
+  e_p50="$(column_of etcd "$workload" 5 | median)"
+  f_p50="$(column_of ferry "$workload" 5 | median)"
+  e_p99="$(column_of etcd "$workload" 6 | median)"
+  f_p99="$(column_of ferry "$workload" 6 | median)"
+  e_err="$(column_of etcd "$workload" 7 | awk '{ s += $1 } END { print s + 0 }')"
+  f_err="$(column_of ferry "$workload" 7 | awk '{ s += $1 } END { print s + 0 }')"
+  printf '%-20s %11s %11s %6s | %7s us %7s us %6s | %7s us %7s us %6s | etcd %s, ferry %s\n' \
+    "$workload" "$e_rps" "$f_rps" "$(ratio "$f_rps" "$e_rps")" \
+    "$e_p50" "$f_p50" "$(ratio "$f_p50" "$e_p50")" \
+    "$e_p99" "$f_p99" "$(ratio "$f_p99" "$e_p99")" "$e_err" "$f_err"
+done
+echo "(req/s ratio above 1: ferry serves more; latency ratio below 1: ferry answers sooner;" \
+  "errors: failed requests summed over the rounds)"
+
+if [[ "$failures" -ne 0 ]]; then
+  echo "bench-vs-etcd: $failures run(s) failed"
+  exit 1
+fi
