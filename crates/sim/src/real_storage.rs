@@ -388,9 +388,12 @@ fn same_state(expected: &DurableState, restored: &DurableState) -> Result<(), St
             .position(|(a, b)| a != b)
             .unwrap_or(le.len().min(lr.len()));
         return Err(format!(
-            "log expected {} entries after the snapshot, recovered {}, first difference at position {first_diff}",
+            "log expected {} entries after the snapshot at {}, recovered {}, first difference at position {first_diff}: expected {:?}, recovered {:?}",
             le.len(),
-            lr.len()
+            expected.snapshot.index,
+            lr.len(),
+            &le[first_diff.min(le.len())..le.len().min(first_diff + 8)],
+            &lr[first_diff.min(lr.len())..lr.len().min(first_diff + 8)],
         ));
     }
     let payloads_match = expected

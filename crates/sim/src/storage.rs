@@ -161,20 +161,28 @@ impl DurableState {
                 });
             }
         }
+        let Some(request_first) = entries.first().map(|e| e.index) else {
+            return Ok(());
+        };
         // Entries the snapshot already covers are not needed.
         let kept: Vec<&Entry> = entries
             .iter()
             .filter(|e| e.index > self.snapshot.index)
             .collect();
+        if let Some(first) = kept.first().map(|e| e.index) {
+            let last = self.last_index();
+            if first > last + 1 {
+                return Err(StorageViolation::Gap { seq, first, last });
+            }
+        }
+        // Replace everything from the request's first index on, also when
+        // the snapshot covers every entry it carries: the entries after
+        // them were cut from the engine's log (a conflicting append), and
+        // must not come back after a restart.
+        self.entries.retain(|e| e.index < request_first);
         let Some(first) = kept.first().map(|e| e.index) else {
             return Ok(());
         };
-        let last = self.last_index();
-        if first > last + 1 {
-            return Err(StorageViolation::Gap { seq, first, last });
-        }
-        // Replace everything from `first` on.
-        self.entries.retain(|e| e.index < first);
         // Entries the snapshot covers may end before it (the state machine
         // can snapshot entries applied before they were synced here); they
         // are no longer needed, and keeping them would leave a hole.
@@ -567,6 +575,32 @@ mod tests {
             vec![entry(7, 1), entry(8, 2), entry(9, 2)]
         );
         assert_eq!(disk.synced().restored_state().entries.len(), 3);
+    }
+
+    /// Seed 1019: a follower holding its own uncommitted entry 5 takes the
+    /// leader's conflicting entries 3..=4, and snapshots at 4 (applied,
+    /// committed by the leader) before the overwrite is synced. The
+    /// overwrite still cuts entry 5, as the real storage does; the model
+    /// kept it and then reported the real storage as having lost it.
+    #[test]
+    fn an_overwrite_the_snapshot_covers_still_cuts_the_tail() {
+        let mut disk = DiskModel::default();
+        disk.write(request(1, None, (1..=5).map(|i| entry(i, 1)).collect()))
+            .unwrap();
+        disk.start_sync();
+        disk.complete_sync(1).unwrap();
+        disk.write(request(2, None, vec![entry(3, 2), entry(4, 2)]))
+            .unwrap();
+        let meta = SnapshotMeta {
+            index: 4,
+            term: 2,
+            config: Configuration::default(),
+        };
+        assert!(disk.store_local_snapshot(meta, Bytes::from_static(b"s")));
+        disk.start_sync();
+        disk.complete_sync(2).unwrap();
+        assert_eq!(disk.synced().restored_state().entries, vec![]);
+        assert_eq!(disk.synced().last_index(), 4);
     }
 
     #[test]

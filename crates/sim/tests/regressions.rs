@@ -271,3 +271,12 @@ fn seed_6975_lagging_voter_hears_a_new_voter_ahead_of_it() {
         panic!("seed 6975: {failure}\nreplay: ferry sim --seed 6975 --trace");
     }
 }
+
+/// The simulator's own disk model kept an entry that a conflicting
+/// overwrite had cut, when a local snapshot covered every entry of the
+/// overwrite, and then reported the real storage (which cut it) as having
+/// lost synced data. Found once followers were told of commits at once.
+#[test]
+fn seed_1019_an_overwrite_under_a_snapshot_cuts_the_tail_in_the_model_too() {
+    assert_seed_passes(1019);
+}
