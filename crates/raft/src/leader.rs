@@ -310,7 +310,8 @@ impl RaftNode {
     }
 
     /// After the commit index moved on the leader: leave a joint
-    /// configuration, release reads waiting for the first entry of the term.
+    /// configuration, release reads waiting for the first entry of the term,
+    /// and tell the followers.
     pub(crate) fn on_leader_commit(&mut self, actions: &mut Vec<Action>) {
         let own_term_committed = self.log.term_at(self.commit) == Some(self.term);
         if own_term_committed
@@ -330,6 +331,18 @@ impl RaftNode {
             for (origin, deadline) in waiting {
                 self.start_read_index(origin, deadline, actions);
             }
+        }
+        // Followers learn the new commit index now, not with the next
+        // heartbeat: when no entries follow a write, their applies (and the
+        // linearizable reads they serve, which wait for them) would lag by
+        // up to a heartbeat interval. A follower with entries to receive
+        // gets them in the same message.
+        let peers: Vec<NodeId> = match self.leader_state() {
+            Some(state) => state.progress.keys().copied().collect(),
+            None => Vec::new(),
+        };
+        for peer in peers {
+            self.send_append(peer, true, actions);
         }
     }
 
