@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::io::Action;
-use crate::message::{AppendResult, MessageBody, SnapshotOutcome};
+use crate::message::{AppendResult, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 use crate::node::{RaftNode, Receiving};
 use crate::types::{Entry, Index, NodeId, SnapshotMeta, Term};
 
@@ -84,6 +84,10 @@ impl RaftNode {
         // The leader caps leader_commit at what it knows matches here.
         if !self.installing_snapshot() {
             self.commit_to(leader_commit.min(self.log.last_index()), actions);
+        }
+        if read_seq == COMMIT_NOTICE_READ_SEQ {
+            // A commit notice: the leader needs no answer.
+            return;
         }
         self.send_after_persist(from, MessageBody::HeartbeatResponse { read_seq }, actions);
     }

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::io::Action;
-use crate::message::{AppendResult, MessageBody, SnapshotOutcome};
+use crate::message::{AppendResult, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 use crate::node::{LeaderState, RaftNode, RoleState, Transfer, ROUNDS_REMEMBERED_MAX};
 use crate::progress::{Progress, ReplicationState};
 use crate::quorum::{committed_index, is_quorum};
@@ -143,6 +143,8 @@ impl RaftNode {
             ReplicationState::Probe { paused } => *paused = true,
             ReplicationState::Snapshot(_) => unreachable_snapshot(),
         }
+        // Accepted, it lets the follower commit up to here.
+        progress.commit_sent = progress.commit_sent.max(commit.min(last_sent));
         self.send(
             peer,
             MessageBody::Append {
@@ -177,7 +179,9 @@ impl RaftNode {
                 // trigger the next one.
                 *paused = false;
             }
-            sends.push((peer, commit.min(progress.match_index)));
+            let leader_commit = commit.min(progress.match_index);
+            progress.commit_sent = progress.commit_sent.max(leader_commit);
+            sends.push((peer, leader_commit));
         }
         for (peer, leader_commit) in sends {
             self.send(
@@ -332,17 +336,54 @@ impl RaftNode {
                 self.start_read_index(origin, deadline, actions);
             }
         }
-        // Followers learn the new commit index now, not with the next
-        // heartbeat: when no entries follow a write, their applies (and the
-        // linearizable reads they serve, which wait for them) would lag by
-        // up to a heartbeat interval. A follower with entries to receive
-        // gets them in the same message.
-        let peers: Vec<NodeId> = match self.leader_state() {
-            Some(state) => state.progress.keys().copied().collect(),
-            None => Vec::new(),
+        self.send_commit_notices(actions);
+    }
+
+    /// Tells the followers of a new commit index now, not with the next
+    /// heartbeat: when no entries follow a write, their applies (and the
+    /// linearizable reads they serve, which wait for them) would lag by up
+    /// to a heartbeat interval. A follower with entries to receive gets the
+    /// commit index with them; the others get a heartbeat without a read
+    /// round, which they do not answer (one message, not two, per follower).
+    pub(crate) fn send_commit_notices(&mut self, actions: &mut Vec<Action>) {
+        let last = self.log.last_index();
+        let commit = self.commit;
+        let Some(state) = self.leader_state_mut() else {
+            return;
         };
-        for peer in peers {
-            self.send_append(peer, true, actions);
+        let mut appends = Vec::new();
+        let mut notices = Vec::new();
+        for (&peer, progress) in state.progress.iter_mut() {
+            // Capped at what its log is known to match, as in heartbeats.
+            let leader_commit = commit.min(progress.match_index);
+            if leader_commit <= progress.commit_sent {
+                continue;
+            }
+            match progress.state {
+                ReplicationState::Replicate | ReplicationState::Probe { paused: false } => {
+                    if progress.next_index <= last {
+                        appends.push(peer);
+                    } else {
+                        progress.commit_sent = leader_commit;
+                        notices.push((peer, leader_commit));
+                    }
+                }
+                // Told with the next probe or once the snapshot is in.
+                ReplicationState::Probe { paused: true } | ReplicationState::Snapshot(_) => {}
+            }
+        }
+        for peer in appends {
+            self.send_append(peer, false, actions);
+        }
+        for (peer, leader_commit) in notices {
+            self.send(
+                peer,
+                MessageBody::Heartbeat {
+                    leader_commit,
+                    read_seq: COMMIT_NOTICE_READ_SEQ,
+                },
+                actions,
+            );
         }
     }
 
@@ -390,6 +431,11 @@ impl RaftNode {
                     self.maybe_commit(actions);
                 }
                 self.send_append(from, false, actions);
+                if news {
+                    // Its log now matches further: it may take a commit
+                    // index it could not take before.
+                    self.send_commit_notices(actions);
+                }
                 self.maybe_send_timeout_now(from, actions);
             }
             AppendResult::Reject {

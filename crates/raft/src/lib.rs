@@ -230,7 +230,7 @@ pub mod types;
 pub use client::PROMOTE_LAG_ENTRIES_MAX;
 pub use io::{Action, Input, PersistRequest};
 pub use membership::{Configuration, MembershipChange};
-pub use message::{AppendResult, Message, MessageBody, SnapshotOutcome};
+pub use message::{AppendResult, Message, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 pub use node::{InitError, RaftNode};
 pub use options::Options;
 pub use request::{

@@ -6,6 +6,10 @@ use bytes::Bytes;
 use crate::request::{ForwardedRequest, RequestError, RequestId, Response};
 use crate::types::{Entry, GroupId, Index, NodeId, SnapshotMeta, Term};
 
+/// The `read_seq` of a heartbeat that only carries a new commit index: the
+/// follower does not answer it. Read rounds count from 1.
+pub const COMMIT_NOTICE_READ_SEQ: u64 = 0;
+
 /// A message between two members of one group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
@@ -70,7 +74,9 @@ pub enum MessageBody {
     Heartbeat {
         /// The leader's commit index, capped at what the follower is known to have.
         leader_commit: Index,
-        /// The leader's read round; echoed back.
+        /// The leader's read round; echoed back. 0 makes it a commit notice,
+        /// sent when the commit index moves with nothing else to send: it
+        /// is not answered.
         read_seq: u64,
     },
     /// A follower's answer to a heartbeat.

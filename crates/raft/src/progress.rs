@@ -117,6 +117,10 @@ pub struct Progress {
     pub stalled_heartbeats: u32,
     /// The match index seen at the previous heartbeat answer.
     pub match_at_last_heartbeat: Index,
+    /// The highest commit index sent to the peer that it can take (capped
+    /// at what its log is known to match): the leader tells it of a newer
+    /// one at once (see `send_commit_notices`).
+    pub commit_sent: Index,
 }
 
 impl Progress {
@@ -132,6 +136,7 @@ impl Progress {
             acked_round_sent_tick: 0,
             stalled_heartbeats: 0,
             match_at_last_heartbeat: 0,
+            commit_sent: 0,
         }
     }
 

@@ -330,3 +330,39 @@ fn a_follower_that_restarts_does_not_vote_away_a_lease_it_granted() {
         "the old leader served a lease read after a new leader committed a write"
     );
 }
+
+/// Followers learn that a write committed as soon as the leader does, not
+/// with the next heartbeat: a linearizable read on a follower waits until
+/// that follower has applied the write, so a heartbeat interval of lag
+/// would show in every follower read after a write. The notice is a
+/// heartbeat without a read round, which the followers do not answer.
+#[test]
+fn followers_learn_a_commit_at_once_and_do_not_answer_the_notice() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    assert!(c.run_until(10, |c| c.all_applied(c.raft(leader).commit_index())));
+    c.record = true;
+    let w = c.propose(leader, "x");
+    // Only messages move now: no tick, so no heartbeat.
+    c.deliver_all();
+    let Some(Ok(Response::Proposed { index, .. })) = c.response(leader, w).cloned() else {
+        panic!("not committed: {:?}", c.response(leader, w))
+    };
+    for follower in [1u64, 2, 3].into_iter().filter(|&n| n != leader) {
+        assert!(
+            c.node(follower).applied_index >= index,
+            "follower {follower} applied {} of {index}",
+            c.node(follower).applied_index
+        );
+    }
+    let notices = c
+        .sent_log
+        .iter()
+        .filter(|m| matches!(m.body, MessageBody::Heartbeat { read_seq: 0, .. }))
+        .count();
+    assert_eq!(notices, 2, "one commit notice per follower");
+    assert!(!c
+        .sent_log
+        .iter()
+        .any(|m| matches!(m.body, MessageBody::HeartbeatResponse { read_seq: 0 })));
+}
