@@ -24,7 +24,11 @@
 //!   storage has synced (with the term at that index checked).
 //! * **Commit** only by counting replicas of an entry of the leader's own
 //!   term (each leader appends a no-op first); joint configurations need a
-//!   majority of each half.
+//!   majority of each half. Followers hear of a new commit index at once:
+//!   with the next entries, or else in a commit notice (a heartbeat with
+//!   `read_seq` 0, [`COMMIT_NOTICE_READ_SEQ`], which is not answered), so
+//!   that their applies, and the reads that wait for them, do not lag by a
+//!   heartbeat interval.
 //! * **Apply**: [`Action::Apply`] carries committed entries in order,
 //!   no-ops and configuration entries included, so the applied index is
 //!   contiguous. On start, entries in `(restored.applied, commit]` are
