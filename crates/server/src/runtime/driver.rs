@@ -104,6 +104,29 @@ enum ApplyWaiter {
     Membership(oneshot::Sender<Result<(), ApiError>>),
 }
 
+impl Waiter {
+    /// Answers the caller with `error`.
+    fn fail(self, error: ApiError) {
+        match self {
+            Waiter::Propose(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Waiter::Read(reply) | Waiter::Membership(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
+impl From<ApplyWaiter> for Waiter {
+    fn from(waiter: ApplyWaiter) -> Waiter {
+        match waiter {
+            ApplyWaiter::Propose(reply) => Waiter::Propose(reply),
+            ApplyWaiter::Membership(reply) => Waiter::Membership(reply),
+        }
+    }
+}
+
 /// What the driver publishes for the API after every step.
 #[derive(Debug, Default)]
 pub(crate) struct NodeView {
@@ -682,12 +705,12 @@ impl Driver {
                 break;
             }
             let (_, waiter) = entry.remove();
-            fail_apply_waiter(waiter, ApiError::NoLeader);
+            Waiter::from(waiter).fail(ApiError::NoLeader);
         }
         let waiter = match self.applying.remove(&index) {
             Some((waited_term, waiter)) if waited_term == term => Some(waiter),
             Some((_, waiter)) => {
-                fail_apply_waiter(waiter, ApiError::NoLeader);
+                Waiter::from(waiter).fail(ApiError::NoLeader);
                 None
             }
             None => None,
@@ -746,9 +769,9 @@ impl Driver {
             }
             (waiter, Ok(other)) => {
                 let error = ApiError::Internal(format!("the engine answered {other:?}"));
-                fail_waiter(waiter, error);
+                waiter.fail(error);
             }
-            (waiter, Err(error)) => fail_waiter(waiter, api_error(error)),
+            (waiter, Err(error)) => waiter.fail(api_error(error)),
         }
     }
 
@@ -1143,28 +1166,6 @@ fn restore_received(chunks: Vec<Bytes>, index: Index, limits: KvLimits) -> Resul
         ));
     }
     Ok(kv)
-}
-
-fn fail_waiter(waiter: Waiter, error: ApiError) {
-    match waiter {
-        Waiter::Propose(reply) => {
-            let _ = reply.send(Err(error));
-        }
-        Waiter::Read(reply) | Waiter::Membership(reply) => {
-            let _ = reply.send(Err(error));
-        }
-    }
-}
-
-fn fail_apply_waiter(waiter: ApplyWaiter, error: ApiError) {
-    match waiter {
-        ApplyWaiter::Propose(reply) => {
-            let _ = reply.send(Err(error));
-        }
-        ApplyWaiter::Membership(reply) => {
-            let _ = reply.send(Err(error));
-        }
-    }
 }
 
 #[cfg(test)]
