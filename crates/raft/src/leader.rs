@@ -340,11 +340,13 @@ impl RaftNode {
     }
 
     /// Tells the followers of a new commit index now, not with the next
-    /// heartbeat: when no entries follow a write, their applies (and the
-    /// linearizable reads they serve, which wait for them) would lag by up
-    /// to a heartbeat interval. A follower with entries to receive gets the
-    /// commit index with them; the others get a heartbeat without a read
-    /// round, which they do not answer (one message, not two, per follower).
+    /// heartbeat: when no entries follow a write, their applies (what
+    /// serializable reads and watches served by them see) would lag by up
+    /// to a heartbeat interval. (Linearizable reads do not wait for this:
+    /// their ReadIndex round carries the commit index.) A follower with
+    /// entries to receive gets the commit index with them; the others get a
+    /// heartbeat without a read round, which they do not answer (one
+    /// message, not two, per follower).
     pub(crate) fn send_commit_notices(&mut self, actions: &mut Vec<Action>) {
         let last = self.log.last_index();
         let commit = self.commit;

@@ -27,8 +27,8 @@
 //!   majority of each half. Followers hear of a new commit index at once:
 //!   with the next entries, or else in a commit notice (a heartbeat with
 //!   `read_seq` 0, [`COMMIT_NOTICE_READ_SEQ`], which is not answered), so
-//!   that their applies, and the reads that wait for them, do not lag by a
-//!   heartbeat interval.
+//!   that their applies (what serializable reads and watches on them see)
+//!   do not lag by a heartbeat interval.
 //! * **Apply**: [`Action::Apply`] carries committed entries in order,
 //!   no-ops and configuration entries included, so the applied index is
 //!   contiguous. On start, entries in `(restored.applied, commit]` are

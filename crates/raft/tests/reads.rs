@@ -332,10 +332,10 @@ fn a_follower_that_restarts_does_not_vote_away_a_lease_it_granted() {
 }
 
 /// Followers learn that a write committed as soon as the leader does, not
-/// with the next heartbeat: a linearizable read on a follower waits until
-/// that follower has applied the write, so a heartbeat interval of lag
-/// would show in every follower read after a write. The notice is a
-/// heartbeat without a read round, which the followers do not answer.
+/// with the next heartbeat: what a follower has applied is what its
+/// serializable reads and its watchers see, so a heartbeat interval of lag
+/// would show there after every write. The notice is a heartbeat without a
+/// read round, which the followers do not answer.
 #[test]
 fn followers_learn_a_commit_at_once_and_do_not_answer_the_notice() {
     let mut c = Cluster::new(&[1, 2, 3]);
