@@ -20,13 +20,24 @@ use ferry_server::pb::etcdserverpb::{
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-/// A free port on loopback (bound, then released for the node to take).
+/// A free port on loopback (bound, then released for the node to take),
+/// never one handed out before in this process: the system may give a
+/// released port out again at once, and two nodes of a cluster (of this
+/// test or of one running beside it) would then fight over it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap();
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 struct Node {
