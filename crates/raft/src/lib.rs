@@ -108,8 +108,9 @@
 //! of *its own* ticks ago refuses to vote for anyone else (unless the leader
 //! itself asked, by leadership transfer); with `lease_reads` on, so does a
 //! node in its first `election_timeout_ticks` after it starts, since a
-//! crash made it forget whom it heard from. Check-quorum makes a leader that lost its quorum step
-//! down, so a deposed leader does not keep serving.
+//! crash made it forget whom it heard from. Check-quorum makes a leader
+//! that lost its quorum step down, so a deposed leader does not keep
+//! serving.
 //! The leader therefore owns the group until `election_timeout_ticks` after
 //! the moment it *sent* a heartbeat round that a quorum answered. The leader
 //! measures that time in its own ticks and keeps a margin: a lease lasts
