@@ -88,7 +88,8 @@ pub enum RepairError {
     /// A header block broke HTTP/2's framing rules.
     #[error("the client sent a malformed header block: {0}")]
     Malformed(&'static str),
-    /// A header block was larger than [`HEADER_BLOCK_BYTES_MAX`].
+    /// A header block was larger than 1 MiB (the server's own limit on a
+    /// header list is far lower).
     #[error("the client sent a header block over 1 MiB")]
     TooLarge,
 }

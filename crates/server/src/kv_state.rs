@@ -829,9 +829,9 @@ impl SnapshotSource {
         SNAPSHOT_MAGIC.len() + self.head.encoded_len() + versions + self.tail.encoded_len() + 4
     }
 
-    /// Streams the encoded snapshot to `sink` in pieces of about
-    /// [`SNAPSHOT_WRITE_BUFFER_BYTES`], so that the whole encoding never has
-    /// to be in memory at once. Returns the number of bytes written.
+    /// Streams the encoded snapshot to `sink` in pieces of about 1 MiB, so
+    /// that the whole encoding never has to be in memory at once. Returns
+    /// the number of bytes written.
     pub fn write_to<E>(&self, mut sink: impl FnMut(&[u8]) -> Result<(), E>) -> Result<u64, E> {
         let mut buffer: Vec<u8> = Vec::with_capacity(SNAPSHOT_WRITE_BUFFER_BYTES);
         let mut checksum: u32 = 0;
