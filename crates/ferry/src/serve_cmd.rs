@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ferry_server::member_id::Hex;
 use ferry_server::runtime::{start_node, MemberAddrs, NodeConfig};
 
 /// Arguments of `ferry serve`. Every option may also come from a TOML file
@@ -233,7 +234,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             }
         };
         tracing::info!(
-            node = %format_args!("{node_id:x}"),
+            node = %Hex(node_id),
             client = %node.client_addr,
             peer = %node.peer_addr,
             data = %data_dir.display(),

@@ -159,12 +159,9 @@ impl Rewriter {
     /// The client closed its side: whatever is left goes to the server as
     /// it is, which reports a truncated frame if there is one.
     fn finish(&mut self) {
-        if let Some(block) = self.block.take() {
-            self.out.extend_from_slice(&block.frames);
-        }
+        self.pass_on();
         let rest = self.raw.split();
         self.out.extend_from_slice(&rest);
-        self.phase = Phase::Passthrough;
     }
 
     /// Moves every complete unit of `raw` to `out`, rewriting header

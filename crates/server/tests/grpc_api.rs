@@ -2,10 +2,12 @@
 //! (port 0) over the in-process backend, driven through the client code
 //! generated from our .proto files.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_server::api::{spawn_server, ApiOptions, EtcdApi};
+use ferry_server::api::ApiOptions;
 use ferry_server::backend::LocalBackend;
 use ferry_server::kv_state::KvLimits;
 use ferry_server::pb::etcdserverpb as pb;
@@ -42,27 +44,14 @@ impl Server {
             "http://127.0.0.1:0".to_string(),
         ));
         backend.spawn_lease_expiry(Duration::from_millis(50));
-        let api = EtcdApi::new(
-            backend,
-            ApiOptions {
-                progress_notify_interval: Duration::from_millis(300),
-                ..ApiOptions::default()
-            },
-        );
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (address, _task) = spawn_server(api, "127.0.0.1:0".parse().unwrap(), async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-        let channel = Channel::from_shared(format!("http://{address}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let options = ApiOptions {
+            progress_notify_interval: Duration::from_millis(300),
+            ..ApiOptions::default()
+        };
+        let server = common::start(backend, options).await;
         Server {
-            channel,
-            _stop: stop,
+            channel: common::connect(server.address).await,
+            _stop: server.stop,
         }
     }
 

@@ -2,12 +2,14 @@
 //! does for `endpoint status`, is served. The HTTP/2 exchange is written by
 //! hand here: no client library lets a test send such an authority.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_server::api::{spawn_server, ApiOptions, EtcdApi};
+use ferry_server::api::ApiOptions;
 use ferry_server::backend::LocalBackend;
 use ferry_server::kv_state::KvLimits;
 use ferry_server::pb::etcdserverpb as pb;
@@ -165,17 +167,8 @@ async fn start() -> (SocketAddr, oneshot::Sender<()>) {
         WatchLimits::default(),
         "http://127.0.0.1:0".to_string(),
     ));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (address, _task) = spawn_server(
-        EtcdApi::new(backend, ApiOptions::default()),
-        "127.0.0.1:0".parse().unwrap(),
-        async {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .unwrap();
-    (address, stop)
+    let server = common::start(backend, ApiOptions::default()).await;
+    (server.address, server.stop)
 }
 
 fn assert_served(replies: &BTreeMap<u32, Reply>) {

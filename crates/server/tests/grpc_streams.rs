@@ -1,10 +1,12 @@
 //! Watch streams under load and a backend without a leader, over real gRPC
 //! on 127.0.0.1.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_server::api::{spawn_server, ApiOptions, EtcdApi};
+use ferry_server::api::ApiOptions;
 use ferry_server::backend::{Backend, LocalBackend, NodeStatus};
 use ferry_server::error::ApiError;
 use ferry_server::kv_state::{CommandResponse, KvLimits};
@@ -21,22 +23,8 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 async fn serve<B: Backend>(backend: Arc<B>, options: ApiOptions) -> (Channel, oneshot::Sender<()>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (address, _task) = spawn_server(
-        EtcdApi::new(backend, options),
-        "127.0.0.1:0".parse().unwrap(),
-        async {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .unwrap();
-    let channel = Channel::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    (channel, stop)
+    let server = common::start(backend, options).await;
+    (common::connect(server.address).await, server.stop)
 }
 
 fn put(key: String, value: &str) -> pb::PutRequest {
@@ -316,21 +304,12 @@ async fn shutdown_ends_open_streams_instead_of_waiting_on_them() {
         WatchLimits::default(),
         "http://127.0.0.1:0".into(),
     ));
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (address, server) = spawn_server(
-        EtcdApi::new(backend, ApiOptions::default()),
-        "127.0.0.1:0".parse().unwrap(),
-        async {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .unwrap();
-    let channel = Channel::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let common::TestServer {
+        address,
+        task: server,
+        stop,
+    } = common::start(backend, ApiOptions::default()).await;
+    let channel = common::connect(address).await;
     let (requests, receiver) = mpsc::channel(4);
     let mut responses = WatchClient::new(channel.clone())
         .watch(ReceiverStream::new(receiver))

@@ -299,9 +299,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         }
     });
 
-    let (snapshot_written_tx, snapshot_written) = mpsc::channel(1);
-    let (snapshot_restored_tx, snapshot_restored) = mpsc::channel(1);
-    let mut driver = Driver {
+    let (mut driver, snapshot_written, snapshot_restored) = Driver::new(DriverParts {
         node,
         storage,
         state,
@@ -309,25 +307,8 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         view,
         config,
         clock_origin,
-        actions: Vec::new(),
-        next_request_id: 1,
-        waiting: HashMap::new(),
-        applying: BTreeMap::new(),
-        sync_in_flight: false,
-        after_sync: Vec::new(),
-        receiving: None,
-        restoring: None,
-        restore_seq: 0,
-        snapshot_restored_tx,
         applied,
-        snapshot_index: applied,
-        snapshot_building: None,
-        snapshot_written_tx,
-        ticks: 0,
-        self_publish_tick: 0,
-        role: Role::Follower,
-        removed: false,
-    };
+    });
     let driver_task = tokio::spawn(async move {
         if let Err(error) = driver
             .run(
@@ -447,7 +428,61 @@ struct Restored {
     restore_ms: u128,
 }
 
+/// What a driver is built from; everything else in it starts empty.
+struct DriverParts {
+    node: RaftNode,
+    storage: Storage<FsDisk>,
+    state: Arc<SharedState>,
+    transport: Transport,
+    view: Arc<Mutex<NodeView>>,
+    config: NodeConfig,
+    clock_origin: Instant,
+    /// The index the state machine holds (restored from the snapshot).
+    applied: Index,
+}
+
 impl Driver {
+    /// A driver, with the channels on which its blocking threads hand back
+    /// written snapshots and restored ones (for [`Driver::run`]).
+    fn new(
+        parts: DriverParts,
+    ) -> (
+        Driver,
+        mpsc::Receiver<SnapshotWritten>,
+        mpsc::Receiver<Restored>,
+    ) {
+        let (snapshot_written_tx, snapshot_written) = mpsc::channel(1);
+        let (snapshot_restored_tx, snapshot_restored) = mpsc::channel(1);
+        let driver = Driver {
+            node: parts.node,
+            storage: parts.storage,
+            state: parts.state,
+            transport: parts.transport,
+            view: parts.view,
+            config: parts.config,
+            clock_origin: parts.clock_origin,
+            actions: Vec::new(),
+            next_request_id: 1,
+            waiting: HashMap::new(),
+            applying: BTreeMap::new(),
+            sync_in_flight: false,
+            after_sync: Vec::new(),
+            receiving: None,
+            restoring: None,
+            restore_seq: 0,
+            snapshot_restored_tx,
+            applied: parts.applied,
+            snapshot_index: parts.applied,
+            snapshot_building: None,
+            snapshot_written_tx,
+            ticks: 0,
+            self_publish_tick: 0,
+            role: Role::Follower,
+            removed: false,
+        };
+        (driver, snapshot_written, snapshot_restored)
+    }
+
     async fn run(
         &mut self,
         mut calls: mpsc::Receiver<Call>,
@@ -1224,14 +1259,12 @@ mod tests {
         let mut transport_config = TransportConfig::new(1, config.cluster_id, local);
         transport_config.peers = BTreeMap::from([(2, "127.0.0.1:9".to_string())]);
         let transport = Transport::start(transport_config, events_tx).await.unwrap();
-        let (snapshot_written_tx, _snapshot_written) = mpsc::channel(1);
-        let (snapshot_restored_tx, restored) = mpsc::channel(1);
         let state = Arc::new(SharedState::new(StateMachine::new(
             KvLimits::default(),
             WatchLimits::default(),
         )));
         let view = Arc::new(Mutex::new(NodeView::default()));
-        let driver = Driver {
+        let (driver, _snapshot_written, restored) = Driver::new(DriverParts {
             node,
             storage,
             state,
@@ -1239,25 +1272,8 @@ mod tests {
             view,
             config,
             clock_origin: Instant::now(),
-            actions: Vec::new(),
-            next_request_id: 1,
-            waiting: HashMap::new(),
-            applying: BTreeMap::new(),
-            sync_in_flight: false,
-            after_sync: Vec::new(),
-            receiving: None,
-            restoring: None,
-            restore_seq: 0,
-            snapshot_restored_tx,
             applied: 0,
-            snapshot_index: 0,
-            snapshot_building: None,
-            snapshot_written_tx,
-            ticks: 0,
-            self_publish_tick: 0,
-            role: Role::Follower,
-            removed: false,
-        };
+        });
         Harness {
             driver,
             restored,
