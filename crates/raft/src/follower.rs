@@ -1,5 +1,7 @@
 //! The follower: appends, heartbeats, and receiving a snapshot in chunks.
 
+use std::collections::VecDeque;
+
 use bytes::Bytes;
 
 use crate::io::Action;
@@ -128,22 +130,22 @@ impl RaftNode {
             self.send_after_persist(from, body, actions);
             return;
         }
-        let same = self
-            .receiving
-            .as_ref()
-            .is_some_and(|r| r.meta.index == index && r.meta.term == meta.term);
-        if offset == 0 {
-            if self.receiving.as_ref().is_some_and(|r| r.saving.is_some()) && same {
-                return; // a duplicate of a chunk being saved; its ack will come
-            }
+        let term = self.term;
+        let same = self.receiving.as_ref().is_some_and(|r| {
+            r.meta.index == index && r.meta.term == meta.term && r.from == from && r.term == term
+        });
+        if offset == 0 && !same {
             if self.installing_snapshot() {
                 return; // another snapshot is being installed; the leader retries
             }
             self.receiving = Some(Receiving {
                 meta: meta.clone(),
                 from,
+                term,
                 next_offset: 0,
                 saving: None,
+                queued: VecDeque::new(),
+                queued_bytes: 0,
                 idle_ticks: 0,
             });
         } else if !same {
@@ -155,25 +157,43 @@ impl RaftNode {
             self.send(from, body, actions);
             return;
         }
+        let (messages_max, bytes_max) = (
+            self.options.inflight_messages_max,
+            self.options.inflight_bytes_max,
+        );
         let Some(receiving) = &mut self.receiving else {
             return;
         };
         receiving.idle_ticks = 0;
-        receiving.from = from;
-        if receiving.saving.is_some() {
-            return; // one chunk at a time; the ack for the one being saved follows
-        }
-        if offset != receiving.next_offset {
-            // Out of order: ask for the right offset.
-            let next_offset = receiving.next_offset;
+        let saved = receiving.next_offset;
+        let expected = receiving.expected_offset();
+        if offset < saved || offset > expected {
+            // Saved already (its acknowledgement may have been lost), or
+            // beyond a gap (a chunk before it was lost): say where we are.
             self.send(
                 from,
                 MessageBody::SnapshotChunkAck {
                     snapshot_index: index,
-                    next_offset,
+                    next_offset: saved,
                 },
                 actions,
             );
+            return;
+        }
+        if offset < expected {
+            return; // being saved or queued already; its ack follows
+        }
+        if receiving.saving.is_some() {
+            // One chunk is saved at a time; keep the next ones in order, as
+            // many as the window lets the leader send. One beyond it is
+            // dropped and resent once the leader hears where we are.
+            let length = data.len() as u64;
+            if receiving.queued.len() < messages_max
+                && receiving.queued_bytes.saturating_add(length) <= bytes_max
+            {
+                receiving.queued_bytes += length;
+                receiving.queued.push_back((offset, data, done));
+            }
             return;
         }
         receiving.saving = Some((offset, data.len() as u64, done));
@@ -213,8 +233,20 @@ impl RaftNode {
             return;
         }
         if !done {
-            receiving.next_offset = offset + length;
+            receiving.next_offset = offset.saturating_add(length);
             let next_offset = receiving.next_offset;
+            let meta = receiving.meta.clone();
+            if let Some((offset, data, done)) = receiving.queued.pop_front() {
+                receiving.queued_bytes -= data.len() as u64;
+                debug_assert_eq!(offset, next_offset, "queued chunks are contiguous");
+                receiving.saving = Some((offset, data.len() as u64, done));
+                actions.push(Action::SaveSnapshotChunk {
+                    meta,
+                    offset,
+                    data,
+                    done,
+                });
+            }
             self.send(
                 from,
                 MessageBody::SnapshotChunkAck {

@@ -289,7 +289,7 @@ impl RaftNode {
             self.send_append(peer, true, actions);
         }
         for (peer, offset) in resend {
-            self.request_chunk(peer, offset, actions);
+            self.resend_snapshot_from(peer, offset, actions);
         }
     }
 
@@ -551,8 +551,9 @@ impl RaftNode {
                 };
                 match &mut progress.state {
                     ReplicationState::Snapshot(transfer) => {
+                        // What was in flight on the old connection is lost.
                         let offset = transfer.acked_offset;
-                        self.request_chunk(peer, offset, actions);
+                        self.resend_snapshot_from(peer, offset, actions);
                     }
                     ReplicationState::Probe { .. } | ReplicationState::Replicate => {
                         // What was in flight on the old connection is lost:
@@ -594,10 +595,39 @@ impl RaftNode {
             return;
         };
         progress.become_snapshot(meta);
-        self.request_chunk(peer, 0, actions);
+        self.resend_snapshot_from(peer, 0, actions);
     }
 
-    pub(crate) fn request_chunk(&mut self, peer: NodeId, offset: u64, actions: &mut Vec<Action>) {
+    /// Sends the snapshot to `peer` again from `offset` (where the follower
+    /// said it is), forgetting the chunks sent beyond it.
+    pub(crate) fn resend_snapshot_from(
+        &mut self,
+        peer: NodeId,
+        offset: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        let Some(progress) = self
+            .leader_state_mut()
+            .and_then(|s| s.progress.get_mut(&peer))
+        else {
+            return;
+        };
+        let ReplicationState::Snapshot(transfer) = &mut progress.state else {
+            return;
+        };
+        transfer.rewind_to(offset);
+        transfer.loading_offset = None;
+        transfer.idle_ticks = 0;
+        self.fill_snapshot_window(peer, actions);
+    }
+
+    /// Loads the next chunk for `peer` if the window has room; each loaded
+    /// chunk is sent and the window filled again (`handle_chunk_loaded`).
+    fn fill_snapshot_window(&mut self, peer: NodeId, actions: &mut Vec<Action>) {
+        let (messages_max, bytes_max) = (
+            self.options.inflight_messages_max,
+            self.options.inflight_bytes_max,
+        );
         let max_bytes = self.options.snapshot_chunk_bytes;
         let Some(progress) = self
             .leader_state_mut()
@@ -608,13 +638,14 @@ impl RaftNode {
         let ReplicationState::Snapshot(transfer) = &mut progress.state else {
             return;
         };
-        transfer.inflight_offset = Some(offset);
-        transfer.last_chunk_sent = false;
-        transfer.idle_ticks = 0;
-        let snapshot_index = transfer.meta.index;
+        if !transfer.window_open(messages_max, bytes_max) {
+            return;
+        }
+        let offset = transfer.sent_offset;
+        transfer.loading_offset = Some(offset);
         actions.push(Action::LoadSnapshotChunk {
             to: peer,
-            snapshot_index,
+            snapshot_index: transfer.meta.index,
             offset,
             max_bytes,
         });
@@ -637,15 +668,24 @@ impl RaftNode {
         let ReplicationState::Snapshot(transfer) = &mut progress.state else {
             return;
         };
-        if transfer.meta.index != snapshot_index || transfer.inflight_offset != Some(offset) {
+        if transfer.meta.index != snapshot_index || transfer.loading_offset != Some(offset) {
             return; // a load for a transfer or chunk that has since moved on
         }
+        transfer.loading_offset = None;
         match chunk {
             None => {
                 // That snapshot is gone: start over with the latest one.
                 self.start_snapshot(to, actions);
             }
             Some((data, done)) => {
+                let end = offset.saturating_add(data.len() as u64);
+                if data.is_empty() && !done {
+                    // Storage handed back nothing before the end: try again
+                    // from here after the chunk timeout rather than at once.
+                    return;
+                }
+                transfer.sent_offset = end;
+                transfer.chunks_in_flight.push_back(end);
                 transfer.last_chunk_sent = done;
                 let meta = transfer.meta.clone();
                 self.send(
@@ -658,6 +698,7 @@ impl RaftNode {
                     },
                     actions,
                 );
+                self.fill_snapshot_window(to, actions);
             }
         }
     }
@@ -679,14 +720,22 @@ impl RaftNode {
         let ReplicationState::Snapshot(transfer) = &mut progress.state else {
             return;
         };
-        if transfer.meta.index != snapshot_index || transfer.inflight_offset == Some(next_offset) {
+        if transfer.meta.index != snapshot_index {
             return;
         }
-        if next_offset > transfer.acked_offset {
-            transfer.timeouts_in_a_row = 0;
+        if !transfer.acknowledge(next_offset)
+            && next_offset == transfer.acked_offset
+            && transfer.sent_offset > next_offset
+            && transfer.rewound_at != Some(next_offset)
+        {
+            // The follower is still at the acknowledged offset while more
+            // was sent: a chunk was lost (or reordered). Resend from there
+            // once; further answers like it wait for the timeout.
+            transfer.rewound_at = Some(next_offset);
+            self.resend_snapshot_from(from, next_offset, actions);
+            return;
         }
-        transfer.acked_offset = next_offset;
-        self.request_chunk(from, next_offset, actions);
+        self.fill_snapshot_window(from, actions);
     }
 
     pub(crate) fn handle_snapshot_response(

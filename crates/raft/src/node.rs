@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use bytes::Bytes;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -110,12 +111,33 @@ pub(crate) struct LeaderState {
 #[derive(Clone, Debug)]
 pub(crate) struct Receiving {
     pub meta: SnapshotMeta,
+    /// The leader sending it, and its term: a transfer is one leader's
+    /// sending of one snapshot in one term.
     pub from: NodeId,
-    /// The offset of the next chunk expected.
+    pub term: Term,
+    /// Every byte before this offset is saved.
     pub next_offset: u64,
     /// A chunk being saved: (offset, length, last).
     pub saving: Option<(u64, u64, bool)>,
+    /// Chunks received while one is being saved, contiguous after it, in
+    /// order: (offset, data, last). Bounded by the inflight window.
+    pub queued: VecDeque<(u64, Bytes, bool)>,
+    pub queued_bytes: u64,
     pub idle_ticks: u32,
+}
+
+impl Receiving {
+    /// The offset just after the chunk being saved and those queued behind
+    /// it: where the next new chunk must start.
+    pub fn expected_offset(&self) -> u64 {
+        match self.queued.back() {
+            Some((offset, data, _)) => offset.saturating_add(data.len() as u64),
+            None => match self.saving {
+                Some((offset, length, _)) => offset.saturating_add(length),
+                None => self.next_offset,
+            },
+        }
+    }
 }
 
 /// A request waiting on this node.
@@ -212,13 +234,14 @@ impl RaftNode {
                 log.last_index()
             )));
         }
-        if let Some(last) = log.entry(log.last_index()) {
-            if last.term > hard_state.term {
-                return Err(InitError::Inconsistent(format!(
-                    "the log holds an entry of term {} but the stored term is {}",
-                    last.term, hard_state.term
-                )));
-            }
+        let last_term = log
+            .entry(log.last_index())
+            .map_or(log.snapshot().term, |last| last.term);
+        if last_term > hard_state.term {
+            return Err(InitError::Inconsistent(format!(
+                "the log holds an entry of term {last_term} but the stored term is {}",
+                hard_state.term
+            )));
         }
         // The stored commit only speeds up restart: never past the log, never
         // below what the state machine applied (which was committed).

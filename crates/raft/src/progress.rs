@@ -18,25 +18,80 @@ pub enum ReplicationState {
     /// The logs agree up to `match_index`: appends are pipelined, bounded by
     /// the inflight window.
     Replicate,
-    /// The follower needs a snapshot; one chunk is in flight at a time.
+    /// The follower needs a snapshot; its chunks are pipelined under the
+    /// same window as appends (messages and bytes in flight).
     Snapshot(SnapshotTransfer),
 }
 
-/// The leader's state of one snapshot transfer.
+/// The leader's state of one snapshot transfer. Chunks are sent in order
+/// from `acked_offset` on while the bytes and chunks beyond what the
+/// follower acknowledged fit the inflight window; a lost chunk is resent
+/// from the last acknowledged offset (at once when the follower's answer
+/// shows the gap, else after the chunk timeout).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotTransfer {
     /// The snapshot being sent.
     pub meta: SnapshotMeta,
     /// The follower has saved every byte before this offset.
     pub acked_offset: u64,
-    /// The offset of the chunk being loaded or in flight, if any.
-    pub inflight_offset: Option<u64>,
-    /// The chunk in flight was the last one: wait for the SnapshotResponse.
+    /// Every byte before this offset has been sent (since the last resend);
+    /// the next chunk to load starts here.
+    pub sent_offset: u64,
+    /// The end offset of each chunk sent beyond `acked_offset`, in order.
+    pub chunks_in_flight: VecDeque<u64>,
+    /// The offset of the chunk being loaded from storage, if any.
+    pub loading_offset: Option<u64>,
+    /// The last chunk has been sent: wait for the SnapshotResponse.
     pub last_chunk_sent: bool,
+    /// The acknowledged offset the transfer was last rewound to because the
+    /// follower showed a gap (rewinding again to the same offset waits for
+    /// the timeout, so that a burst of answers causes one resend).
+    pub rewound_at: Option<u64>,
     /// Ticks since the follower last made progress on this transfer.
     pub idle_ticks: u32,
     /// Chunk timeouts in a row without progress.
     pub timeouts_in_a_row: u32,
+}
+
+impl SnapshotTransfer {
+    /// Whether another chunk may be sent now under the window.
+    pub fn window_open(&self, messages_max: usize, bytes_max: u64) -> bool {
+        !self.last_chunk_sent
+            && self.loading_offset.is_none()
+            && self.chunks_in_flight.len() < messages_max
+            && self.sent_offset.saturating_sub(self.acked_offset) < bytes_max
+    }
+
+    /// Forgets what was sent beyond `offset` so that sending resumes there.
+    pub fn rewind_to(&mut self, offset: u64) {
+        self.sent_offset = offset;
+        self.chunks_in_flight.clear();
+        self.last_chunk_sent = false;
+    }
+
+    /// Records the follower's acknowledgement that it saved every byte
+    /// before `next_offset`; returns whether that is progress.
+    pub fn acknowledge(&mut self, next_offset: u64) -> bool {
+        if next_offset <= self.acked_offset {
+            return false;
+        }
+        self.acked_offset = next_offset;
+        self.idle_ticks = 0;
+        self.timeouts_in_a_row = 0;
+        self.rewound_at = None;
+        while self
+            .chunks_in_flight
+            .front()
+            .is_some_and(|end| *end <= next_offset)
+        {
+            self.chunks_in_flight.pop_front();
+        }
+        if self.sent_offset < next_offset {
+            // Acknowledged beyond a resend: skip what is saved already.
+            self.rewind_to(next_offset);
+        }
+        true
+    }
 }
 
 /// The bounded window of appends in flight to one follower.
@@ -160,8 +215,11 @@ impl Progress {
         self.state = ReplicationState::Snapshot(SnapshotTransfer {
             meta,
             acked_offset: 0,
-            inflight_offset: None,
+            sent_offset: 0,
+            chunks_in_flight: VecDeque::new(),
+            loading_offset: None,
             last_chunk_sent: false,
+            rewound_at: None,
             idle_ticks: 0,
             timeouts_in_a_row: 0,
         });

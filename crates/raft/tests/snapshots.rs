@@ -1,12 +1,15 @@
 //! Snapshot transfer: compaction, chunks with flow control, loss, restart.
 
-use ferry_raft::testing::Cluster;
+use ferry_raft::testing::{test_options, Cluster};
 use ferry_raft::{Input, MessageBody, Response, SnapshotOutcome};
 
 /// Leader, lagging follower and the index a snapshot was taken at, with the
 /// leader's log compacted behind it.
 fn lagging_follower_behind_snapshot() -> (Cluster, u64, u64, u64) {
-    let mut c = Cluster::new(&[1, 2, 3]);
+    lagging_follower_behind_snapshot_with(Cluster::new(&[1, 2, 3]))
+}
+
+fn lagging_follower_behind_snapshot_with(mut c: Cluster) -> (Cluster, u64, u64, u64) {
     let leader = c.elect();
     let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
     c.partition(leader, follower);
@@ -132,4 +135,79 @@ fn compaction_keeps_the_configured_lag() {
         .entries
         .first()
         .is_none_or(|e| e.index == s - 4));
+}
+
+/// Delivers the messages in flight now (not those they cause): one hop.
+fn deliver_hop(c: &mut Cluster) {
+    for _ in 0..c.network.len() {
+        c.deliver_one();
+    }
+}
+
+fn chunks_in_flight(c: &Cluster) -> usize {
+    c.in_flight(|m| matches!(m.body, MessageBody::SnapshotChunk { .. }))
+}
+
+/// Seeds 18288, 18400, 70673 and 86665: with one chunk in flight a transfer
+/// took a round trip per chunk, so small chunks (or a long link) kept a
+/// follower behind past the liveness bound. Chunks are pipelined under the
+/// inflight window: several travel before the first acknowledgement, never
+/// more than the window, and the transfer takes far fewer round trips than
+/// it has chunks.
+#[test]
+fn snapshot_chunks_are_pipelined_under_the_inflight_window() {
+    let window = 4;
+    let cluster = Cluster::with_options(&[1, 2, 3], |id| {
+        let mut options = test_options(id);
+        options.inflight_messages_max = window;
+        options
+    });
+    let (mut c, leader, follower, snapshot_index) = lagging_follower_behind_snapshot_with(cluster);
+    let chunks = c.node(leader).storage.snapshot_data.len().div_ceil(16);
+    assert!(chunks >= 3 * window, "the snapshot spans many chunks");
+    c.heal();
+    c.step(leader, Input::PeerConnected(follower));
+    let mut hops = 0;
+    let mut most_in_flight = 0;
+    while c.node(follower).applied_index < snapshot_index {
+        most_in_flight = most_in_flight.max(chunks_in_flight(&c));
+        deliver_hop(&mut c);
+        hops += 1;
+        assert!(hops < 4 * chunks, "the transfer stalled");
+    }
+    assert!(most_in_flight > 1, "chunks were sent one at a time");
+    assert!(
+        most_in_flight <= window,
+        "{most_in_flight} chunks in flight, beyond the window of {window}"
+    );
+    assert!(
+        hops < chunks,
+        "{hops} hops for {chunks} chunks: one round trip per chunk"
+    );
+}
+
+/// A lost chunk in the middle of the window: the follower's answers to the
+/// chunks after the gap say where it is, and the leader resends from there
+/// at once, without waiting for the chunk timeout (no tick in this test).
+#[test]
+fn a_lost_chunk_is_resent_when_the_follower_shows_the_gap() {
+    let (mut c, leader, follower, snapshot_index) = lagging_follower_behind_snapshot();
+    c.heal();
+    c.step(leader, Input::PeerConnected(follower));
+    let mut dropped = false;
+    let mut hops = 0;
+    while c.node(follower).applied_index < snapshot_index {
+        if !dropped {
+            if let Some(at) = c.network.iter().position(|m| {
+                matches!(m.body, MessageBody::SnapshotChunk { offset, .. } if offset > 0)
+            }) {
+                c.network.remove(at);
+                dropped = true;
+            }
+        }
+        deliver_hop(&mut c);
+        hops += 1;
+        assert!(hops < 1000, "the transfer stalled without a timeout");
+    }
+    assert!(dropped, "a chunk was lost");
 }

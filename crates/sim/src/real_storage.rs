@@ -331,8 +331,7 @@ pub fn check_restored(acked: &Acknowledged, restored: &DurableState) -> Result<(
         if let Some((meta, data)) = &acked.snapshot_attempt {
             if meta.index > candidate.snapshot.index {
                 let mut with_snapshot = candidate.clone();
-                with_snapshot.snapshot = meta.clone();
-                with_snapshot.snapshot_data = data.clone();
+                with_snapshot.adopt_snapshot(meta.clone(), data.clone());
                 if same_state(&with_snapshot, restored).is_ok() {
                     return Ok(());
                 }
@@ -347,7 +346,7 @@ pub fn check_restored(acked: &Acknowledged, restored: &DurableState) -> Result<(
 }
 
 fn same_state(expected: &DurableState, restored: &DurableState) -> Result<(), String> {
-    let (e, r) = (expected.hard_state, restored.hard_state);
+    let (e, r) = (expected.restarted_hard_state(), restored.hard_state);
     if e.term != r.term || e.vote != r.vote {
         return Err(format!(
             "term/vote expected ({}, {:?}), recovered ({}, {:?})",

@@ -202,10 +202,58 @@ impl DurableState {
         self.write_entries(request.seq, &request.entries)
     }
 
+    /// Makes `meta` the durable snapshot, with the log beside it as the
+    /// storage's recovery leaves it (see [`DurableState::reconcile_snapshot`]).
+    pub fn adopt_snapshot(&mut self, meta: SnapshotMeta, data: Bytes) {
+        self.snapshot = meta;
+        self.snapshot_data = data;
+        self.reconcile_snapshot();
+    }
+
+    /// The storage's rule for a snapshot that is newer than the synced log
+    /// (a local snapshot is durable on its own, before the log writes that
+    /// led to it are): the log's entries stay only if the log holds the
+    /// snapshot's own entry with the snapshot's term. A log that disagrees
+    /// at the snapshot's index was overwritten after the synced state, and
+    /// none of its entries can follow the snapshot.
+    pub fn reconcile_snapshot(&mut self) {
+        let (index, term) = (self.snapshot.index, self.snapshot.term);
+        if index == 0 {
+            return;
+        }
+        if self
+            .entries
+            .iter()
+            .any(|e| e.index == index && e.term != term)
+        {
+            self.entries.clear();
+        }
+    }
+
+    /// The term the node restarts with: at least that of every entry it
+    /// holds (the snapshot's included), with no vote in a term raised that
+    /// way, as the storage's recovery gives it.
+    pub fn restarted_hard_state(&self) -> HardState {
+        let mut hard_state = self.hard_state;
+        let held_term = self
+            .entries
+            .iter()
+            .filter(|e| e.index > self.snapshot.index)
+            .map(|e| e.term)
+            .max()
+            .unwrap_or(0)
+            .max(self.snapshot.term);
+        if held_term > hard_state.term {
+            hard_state.term = held_term;
+            hard_state.vote = None;
+        }
+        hard_state
+    }
+
     /// The state a restarting engine is handed.
     pub fn restored_state(&self) -> RestoredState {
         RestoredState {
-            hard_state: self.hard_state,
+            hard_state: self.restarted_hard_state(),
             snapshot: self.snapshot.clone(),
             entries: self
                 .entries
@@ -339,6 +387,9 @@ impl DiskModel {
 
     /// Drops log entries up to `through` that the durable snapshot covers.
     pub fn compact(&mut self, through: Index) {
+        // The entry at the snapshot's index decides whether the log after
+        // it survives a restart: apply that rule before it is dropped.
+        self.synced.reconcile_snapshot();
         let through = through.min(self.synced.snapshot.index);
         self.synced.entries.retain(|e| e.index > through);
     }
@@ -349,8 +400,7 @@ impl DiskModel {
         if meta.index <= self.synced.snapshot.index {
             return false;
         }
-        self.synced.snapshot = meta;
-        self.synced.snapshot_data = data;
+        self.synced.adopt_snapshot(meta, data);
         true
     }
 
@@ -601,6 +651,44 @@ mod tests {
         disk.complete_sync(2).unwrap();
         assert_eq!(disk.synced().restored_state().entries, vec![]);
         assert_eq!(disk.synced().last_index(), 4);
+    }
+
+    /// Seed 16953: a local snapshot becomes durable before the log write
+    /// that overwrote the entry at its index (and the term it came with).
+    /// After a crash the synced log disagrees with the snapshot at its index,
+    /// so none of it can follow the snapshot; the restarting node takes the
+    /// snapshot's term, with no vote in it.
+    #[test]
+    fn a_snapshot_newer_than_the_synced_log_drops_a_log_that_disagrees() {
+        let mut disk = DiskModel::default();
+        let hs = |term, vote| {
+            Some(HardState {
+                term,
+                vote,
+                commit: 0,
+            })
+        };
+        disk.write(request(1, hs(8, Some(1)), (1..=6).map(|i| entry(i, 8)).collect()))
+            .unwrap();
+        disk.start_sync();
+        disk.complete_sync(1).unwrap();
+        disk.write(request(2, hs(10, None), vec![entry(4, 10), entry(5, 10)]))
+            .unwrap();
+        let meta = SnapshotMeta {
+            index: 5,
+            term: 10,
+            config: Configuration::default(),
+        };
+        assert!(disk.store_local_snapshot(meta, Bytes::from_static(b"s")));
+        disk.crash();
+        let restored = disk.synced().restored_state();
+        assert_eq!(restored.entries, vec![], "(6, 8) cannot follow (5, 10)");
+        assert_eq!(restored.hard_state.term, 10);
+        assert_eq!(restored.hard_state.vote, None);
+        // Compaction behind the snapshot decides the same way.
+        let mut compacted = disk.clone();
+        compacted.compact(5);
+        assert_eq!(compacted.synced().restored_state(), restored);
     }
 
     #[test]

@@ -44,6 +44,19 @@ impl GroupRecovery {
         });
         let mut hard_state = self.hard_state;
         hard_state.commit = hard_state.commit.max(snapshot.index);
+        // A local snapshot is durable on its own, so it can be newer than
+        // the last synced hard state (see "Failed syncs and snapshots" in the
+        // crate docs). The term a node has seen is at least that of every
+        // entry it holds: raise it, with no vote in the raised term (a vote
+        // is sent only once its record is synced, so none was given).
+        let held_term = self
+            .entries
+            .last()
+            .map_or(snapshot.term, |e| e.term.max(snapshot.term));
+        if held_term > hard_state.term {
+            hard_state.term = held_term;
+            hard_state.vote = None;
+        }
         RestoredState {
             hard_state,
             applied: snapshot.index,

@@ -313,6 +313,68 @@ fn a_failed_sync_poisons_the_log() {
     assert!(report.groups.get(&1).is_none_or(|g| g.entries.is_empty()));
 }
 
+/// Seed 16953: a follower learns term 10 and a conflicting suffix, applies
+/// the committed entries and saves a local snapshot of them (durable on its
+/// own), then the log's sync fails and the node crashes. The synced log
+/// still holds the old term and the old entries, which disagree with the
+/// snapshot at its index: recovery keeps the snapshot, drops the log that
+/// cannot follow it, and raises the term to the snapshot's with no vote, so
+/// the engine never starts with a term below an entry it holds.
+#[test]
+fn a_snapshot_newer_than_a_failed_sync_wins_and_raises_the_term() {
+    let disk = SimDisk::with_seed(3);
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+    let synced = PersistRequest {
+        seq: 1,
+        hard_state: Some(HardState {
+            term: 8,
+            vote: Some(1),
+            commit: 2,
+        }),
+        entries: (1..=5).map(|i| entry(i, 8, 1)).collect(),
+    };
+    s.wal.append(1, &synced).unwrap();
+    s.wal.sync().unwrap();
+    let newer = PersistRequest {
+        seq: 2,
+        hard_state: Some(HardState {
+            term: 10,
+            vote: None,
+            commit: 5,
+        }),
+        entries: (4..=6).map(|i| entry(i, 10, 1)).collect(),
+    };
+    s.wal.append(1, &newer).unwrap();
+    let meta = SnapshotMeta {
+        index: 5,
+        term: 10,
+        config: Configuration::with_voters([1, 2, 3]),
+    };
+    let mut w = s.begin_snapshot(1, meta.clone()).unwrap();
+    w.write(0, b"state through 5").unwrap();
+    s.save_snapshot(w).unwrap();
+    disk.fail_next_syncs(1);
+    assert!(matches!(s.wal.sync(), Err(StorageError::Io { .. })));
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (_, report) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+    let group = &report.groups[&1];
+    assert_eq!(group.snapshot.as_ref(), Some(&meta));
+    assert!(
+        group.entries.iter().all(|e| e.index > 5 && e.term >= 10),
+        "entries that cannot follow the snapshot survived: {:?}",
+        group.entries
+    );
+    let restored = group.restored_state(Configuration::with_voters([1, 2, 3]));
+    assert_eq!(
+        (restored.hard_state.term, restored.hard_state.vote),
+        (10, None),
+        "the term must cover the snapshot's"
+    );
+    let options = ferry_raft::Options::new(1, 1);
+    assert!(ferry_raft::RaftNode::new(options, restored, 0).is_ok());
+}
+
 #[test]
 fn random_scripts_crashed_at_random_boundaries() {
     use rand_chacha::rand_core::{Rng, SeedableRng};
