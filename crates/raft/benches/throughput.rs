@@ -84,7 +84,8 @@ impl Group {
                 | Action::SaveSnapshotChunk { .. }
                 | Action::Compact { .. }
                 | Action::RoleChanged { .. }
-                | Action::Removed => {}
+                | Action::Removed
+                | Action::Fault(_) => {}
             }
         }
     }

@@ -665,6 +665,17 @@ impl RaftNode {
     /// effect: they keep waiting for the leader's answer (or their deadline,
     /// then `Timeout`). Reads waiting for apply still complete.
     pub(crate) fn fail_all_requests_removed(&mut self, actions: &mut Vec<Action>) {
+        self.fail_requests_awaiting_leader(RequestError::Removed, actions);
+    }
+
+    /// This node halted the group: requests that never left it fail with
+    /// `Halted` (no effect); forwarded ones wait as above.
+    pub(crate) fn fail_all_requests_halted(&mut self, actions: &mut Vec<Action>) {
+        let error = self.halted_error();
+        self.fail_requests_awaiting_leader(error, actions);
+    }
+
+    fn fail_requests_awaiting_leader(&mut self, error: RequestError, actions: &mut Vec<Action>) {
         let ids: Vec<RequestId> = self
             .requests
             .awaiting_leader
@@ -672,7 +683,7 @@ impl RaftNode {
             .map(|h| h.id)
             .collect();
         for id in ids {
-            self.respond(id, Err(RequestError::Removed), actions);
+            self.respond(id, Err(error.clone()), actions);
         }
     }
 }

@@ -226,9 +226,15 @@ impl RaftNode {
         if term > self.term {
             self.term = term;
             self.vote = None;
+            self.leader_verified_index = 0;
         }
         self.role = RoleState::Follower;
         let changed = self.leader != leader;
+        if changed {
+            // What this node verified against the old leader's log says
+            // nothing about the new one's.
+            self.leader_verified_index = 0;
+        }
         self.leader = leader;
         self.election_elapsed = 0;
         self.reset_election_timeout();

@@ -4,7 +4,9 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use crate::fault::Fault;
 use crate::io::Action;
+use crate::log::AppendError;
 use crate::message::{AppendResult, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 use crate::node::{RaftNode, Receiving};
 use crate::types::{Entry, Index, NodeId, SnapshotMeta, Term};
@@ -34,14 +36,49 @@ impl RaftNode {
             // could claim what the install wipes. The leader retries.
             return;
         }
+        // A leader's entries never go back in term and are never newer than
+        // its term; anything else is malformed, and refused like a mismatch.
+        let terms_valid = entries
+            .iter()
+            .try_fold(prev_log_term, |before, e| {
+                (e.term >= before && e.term <= self.term).then_some(e.term)
+            })
+            .is_some();
+        if !terms_valid {
+            let hint = self.log.mismatch_hint(prev_log_index, prev_log_term);
+            let body = MessageBody::AppendResponse(AppendResult::Reject {
+                rejected_index: prev_log_index,
+                hint_index: hint.hint_index,
+                hint_term: hint.hint_term,
+            });
+            self.send_after_persist(from, body, actions);
+            return;
+        }
         let (mut prev_index, mut prev_term, mut entries) = (prev_log_index, prev_log_term, entries);
         if prev_index < self.commit {
-            // Entries up to the commit index are committed and so match the
-            // leader's: skip them and check from the commit index instead.
+            // Entries up to the commit index are committed and so must match
+            // the leader's: check what can be checked, then skip them and
+            // continue from the commit index.
             let skip = entries
                 .iter()
                 .take_while(|e| e.index <= self.commit)
                 .count();
+            let contradicted = entries[..skip].iter().find(|e| {
+                self.log.term_at(e.index).is_some_and(|t| t != e.term)
+                    || self
+                        .log
+                        .entry(e.index)
+                        .is_some_and(|held| held.term == e.term && held.payload != e.payload)
+            });
+            if let Some(e) = contradicted {
+                let fault = Fault::LogConflict {
+                    from,
+                    index: e.index,
+                    term: e.term,
+                };
+                self.halt(fault, actions);
+                return;
+            }
             entries.drain(..skip);
             prev_index = self.commit;
             match self.log.term_at(prev_index) {
@@ -58,6 +95,7 @@ impl RaftNode {
         let commit = self.commit;
         match self.log.try_append(prev_index, prev_term, &entries, commit) {
             Ok(match_index) => {
+                self.leader_verified_index = self.leader_verified_index.max(match_index);
                 self.commit_to(leader_commit.min(match_index), actions);
                 self.send_after_persist(
                     from,
@@ -65,7 +103,10 @@ impl RaftNode {
                     actions,
                 );
             }
-            Err(hint) => {
+            Err(AppendError::Conflict { index, term }) => {
+                self.halt(Fault::LogConflict { from, index, term }, actions);
+            }
+            Err(AppendError::Mismatch(hint)) => {
                 let body = MessageBody::AppendResponse(AppendResult::Reject {
                     rejected_index: prev_log_index,
                     hint_index: hint.hint_index,
@@ -83,15 +124,31 @@ impl RaftNode {
         read_seq: u64,
         actions: &mut Vec<Action>,
     ) {
-        // The leader caps leader_commit at what it knows matches here.
-        if !self.installing_snapshot() {
-            self.commit_to(leader_commit.min(self.log.last_index()), actions);
+        // The leader caps leader_commit at what it knows matches here. Beyond
+        // our log, this log lost entries it acknowledged: report it and take
+        // nothing. Otherwise take it up to what an append of this leader
+        // showed matching (a log that went backwards may hold other entries
+        // there); the answer carries our last index so the leader can see.
+        let last_index = self.log.last_index();
+        if leader_commit > last_index {
+            actions.push(Action::Fault(Fault::CommitBeyondLog {
+                from,
+                commit: leader_commit,
+                last_index,
+            }));
+        } else if !self.installing_snapshot() {
+            self.commit_to(leader_commit.min(self.leader_verified_index), actions);
         }
         if read_seq == COMMIT_NOTICE_READ_SEQ {
             // A commit notice: the leader needs no answer.
             return;
         }
-        self.send_after_persist(from, MessageBody::HeartbeatResponse { read_seq }, actions);
+        let body = MessageBody::HeartbeatResponse {
+            read_seq,
+            last_index,
+            needs_append: leader_commit > self.commit,
+        };
+        self.send_after_persist(from, body, actions);
     }
 
     pub(crate) fn handle_snapshot_chunk(
@@ -104,30 +161,8 @@ impl RaftNode {
         actions: &mut Vec<Action>,
     ) {
         let index = meta.index;
-        // Stale: everything it covers is committed here already, or the log
-        // already holds its last entry. Acknowledge at once without saving.
-        let has_entry = self.log.term_at(index) == Some(meta.term) && index > 0;
-        if index <= self.commit || has_entry {
-            let match_index = if has_entry {
-                index.max(self.commit)
-            } else {
-                self.commit
-            };
-            if has_entry && !self.installing_snapshot() {
-                self.commit_to(index, actions);
-            }
-            if self
-                .receiving
-                .as_ref()
-                .is_some_and(|r| r.meta.index == index && r.saving.is_none())
-            {
-                self.receiving = None;
-            }
-            let body = MessageBody::SnapshotResponse {
-                snapshot_index: index,
-                outcome: SnapshotOutcome::Stale { match_index },
-            };
-            self.send_after_persist(from, body, actions);
+        if self.snapshot_is_stale(&meta) {
+            self.answer_stale_snapshot(from, &meta, actions);
             return;
         }
         let term = self.term;
@@ -205,6 +240,45 @@ impl RaftNode {
         });
     }
 
+    /// Stale: everything the snapshot covers is committed here already, or
+    /// the log already holds its last entry.
+    fn snapshot_is_stale(&self, meta: &SnapshotMeta) -> bool {
+        meta.index <= self.commit
+            || (meta.index > 0 && self.log.term_at(meta.index) == Some(meta.term))
+    }
+
+    /// Acknowledges a stale snapshot at once without saving (more of) it,
+    /// and drops the transfer if it was this one and nothing is being saved.
+    fn answer_stale_snapshot(
+        &mut self,
+        from: NodeId,
+        meta: &SnapshotMeta,
+        actions: &mut Vec<Action>,
+    ) {
+        let index = meta.index;
+        let has_entry = self.log.term_at(index) == Some(meta.term) && index > 0;
+        let match_index = if has_entry {
+            index.max(self.commit)
+        } else {
+            self.commit
+        };
+        if has_entry && !self.installing_snapshot() {
+            self.commit_to(index, actions);
+        }
+        if self
+            .receiving
+            .as_ref()
+            .is_some_and(|r| r.meta.index == index && r.saving.is_none())
+        {
+            self.receiving = None;
+        }
+        let body = MessageBody::SnapshotResponse {
+            snapshot_index: index,
+            outcome: SnapshotOutcome::Stale { match_index },
+        };
+        self.send_after_persist(from, body, actions);
+    }
+
     pub(crate) fn handle_chunk_saved(
         &mut self,
         snapshot_index: Index,
@@ -234,8 +308,18 @@ impl RaftNode {
         }
         if !done {
             receiving.next_offset = offset.saturating_add(length);
-            let next_offset = receiving.next_offset;
             let meta = receiving.meta.clone();
+            if self.snapshot_is_stale(&meta) {
+                // The log caught up past the snapshot while its chunks were
+                // queued (appends keep coming): drop it and say so, as for a
+                // stale chunk arriving. Installing it would roll back.
+                self.answer_stale_snapshot(from, &meta, actions);
+                return;
+            }
+            let Some(receiving) = &mut self.receiving else {
+                return;
+            };
+            let next_offset = receiving.next_offset;
             if let Some((offset, data, done)) = receiving.queued.pop_front() {
                 receiving.queued_bytes -= data.len() as u64;
                 debug_assert_eq!(offset, next_offset, "queued chunks are contiguous");
@@ -278,6 +362,7 @@ impl RaftNode {
         self.inflight_persists.clear();
         self.commit = index;
         self.applied = index;
+        self.leader_verified_index = self.leader_verified_index.max(index);
         let config = self.log.snapshot().config.clone();
         if config != self.config {
             self.config = config;

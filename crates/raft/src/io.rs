@@ -131,6 +131,10 @@ pub enum Action {
     /// This node has been removed from the group. It stops campaigning and
     /// answers every request with [`RequestError::Removed`].
     Removed,
+    /// The engine detected a fault (see [`crate::Fault`] for what each kind
+    /// means and what the node does about it). The runtime reports it to
+    /// the operator; repeated ones may be rate-limited.
+    Fault(crate::Fault),
 }
 
 /// A write to the durable log.

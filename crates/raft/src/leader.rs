@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 
+use crate::fault::Fault;
 use crate::io::Action;
 use crate::message::{AppendResult, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 use crate::node::{LeaderState, RaftNode, RoleState, Transfer, ROUNDS_REMEMBERED_MAX};
@@ -414,6 +415,7 @@ impl RaftNode {
             // Not leader (any more): the answer is for a leadership that ended.
             return;
         };
+        let round = state.round;
         let Some(progress) = state.progress.get_mut(&from) else {
             return;
         };
@@ -422,6 +424,9 @@ impl RaftNode {
             AppendResult::Success { match_index } => {
                 let match_index = match_index.min(last);
                 let news = progress.update_match(match_index);
+                if news {
+                    progress.match_round = round;
+                }
                 match &progress.state {
                     ReplicationState::Probe { .. } | ReplicationState::Snapshot(_) => {
                         progress.become_replicate()
@@ -446,7 +451,21 @@ impl RaftNode {
                 hint_term,
             } => {
                 if rejected_index <= progress.match_index {
-                    return; // stale: that part of the log is known to match
+                    let answers_probe = matches!(progress.state, ReplicationState::Probe { .. })
+                        && rejected_index + 1 == progress.next_index;
+                    if !answers_probe {
+                        return; // stale: that part of the log is known to match
+                    }
+                    // It answers the probe just sent, yet the follower lacks
+                    // what it acknowledged: its log went backwards or an
+                    // older copy replaced it (one longer than ours is not
+                    // seen in its last index). Forget the match and
+                    // backtrack as for any rejection. A late duplicate of
+                    // an old rejection can look the same, so this is not
+                    // reported as a fault: it costs one more probe round.
+                    let next = progress.next_index;
+                    progress.forget_match(hint_index);
+                    progress.next_index = next;
                 }
                 match &progress.state {
                     ReplicationState::Probe { .. } if rejected_index + 1 != progress.next_index => {
@@ -485,6 +504,8 @@ impl RaftNode {
         &mut self,
         from: NodeId,
         round: u64,
+        follower_last_index: Index,
+        needs_append: bool,
         actions: &mut Vec<Action>,
     ) {
         let last = self.log.last_index();
@@ -511,7 +532,25 @@ impl RaftNode {
             }
         }
         let mut send = false;
-        if progress.match_index < last {
+        if round > progress.match_round && follower_last_index < progress.match_index {
+            // Answered after it acknowledged match_index, yet its log ends
+            // before it: the log went backwards (a damaged tail cut, an old
+            // copy of its data restored). Stale rejections cannot tell us
+            // this; this answer can.
+            let fault = Fault::FollowerLogWentBack {
+                peer: from,
+                match_index: progress.match_index,
+                last_index: follower_last_index,
+            };
+            actions.push(Action::Fault(fault));
+            progress.forget_match(follower_last_index.min(last));
+            send = true;
+        } else if needs_append && !matches!(progress.state, ReplicationState::Snapshot(_)) {
+            // It restarted (or lost track) and cannot take the commit on a
+            // heartbeat's word: an append from its match lets it check.
+            progress.become_probe();
+            send = true;
+        } else if progress.match_index < last {
             match &mut progress.state {
                 ReplicationState::Probe { paused } => {
                     *paused = false;
@@ -746,17 +785,20 @@ impl RaftNode {
         actions: &mut Vec<Action>,
     ) {
         let last = self.log.last_index();
-        let Some(progress) = self
-            .leader_state_mut()
-            .and_then(|s| s.progress.get_mut(&from))
-        else {
+        let Some(state) = self.leader_state_mut() else {
+            return;
+        };
+        let round = state.round;
+        let Some(progress) = state.progress.get_mut(&from) else {
             return;
         };
         progress.recent_active = true;
         match outcome {
             SnapshotOutcome::Installed { last_index: index }
             | SnapshotOutcome::Stale { match_index: index } => {
-                progress.update_match(index.min(last));
+                if progress.update_match(index.min(last)) {
+                    progress.match_round = round;
+                }
                 if matches!(progress.state, ReplicationState::Snapshot(_)) {
                     progress.become_probe();
                 }

@@ -68,10 +68,18 @@
 //!   index stuck for three rounds while entries are outstanding sends the
 //!   follower back to probe; a full window is freed one slot per heartbeat
 //!   answer), snapshot (left on `SnapshotResponse` — `Installed`, `Stale` or
-//!   `Rejected` — or on any append answer; a chunk unacknowledged for
-//!   `snapshot_chunk_timeout_ticks` is resent from the last acknowledged
-//!   offset, and after three such timeouts in a row the leader probes
-//!   afresh). Nothing local is ever needed (seed 004).
+//!   `Rejected` — or on any append answer; chunks are pipelined under the
+//!   same window as appends, `inflight_messages_max` chunks and
+//!   `inflight_bytes_max` bytes beyond the follower's acknowledged offset; a
+//!   follower that answers a chunk after a gap with its own offset gets the
+//!   rest again from there, once per offset; with no progress for
+//!   `snapshot_chunk_timeout_ticks` the leader resends from the last
+//!   acknowledged offset, and after three such timeouts in a row it probes
+//!   afresh). Nothing local is ever needed (seed 004). A follower saves
+//!   chunks one at a time, in order, and queues those that arrive meanwhile
+//!   (bounded by its own window); a transfer is one leader's sending of one
+//!   snapshot in one term, so a late chunk 0 of the same transfer does not
+//!   restart it, and a new leader's transfer starts afresh.
 //! * A rejected append carries `(hint_index, hint_term)`; `hint_term == 0`
 //!   means the follower cannot tell the term there (empty log, compacted),
 //!   and the leader then probes right after `hint_index`. The next index
@@ -161,7 +169,8 @@
 //! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
 //! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
 //! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | removed | `-` | `send:PreVoteRefused` | `-` | `send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | removed | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | halted | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `ok:Status` | `-` | `-` | `-` | `-` | `-` | `-` | `-` |
 //!
 //! Notes on the `-` cells (inputs that need no action, and why that is safe):
 //!
@@ -217,6 +226,7 @@
 
 mod client;
 mod election;
+pub mod fault;
 mod follower;
 pub mod io;
 mod leader;
@@ -233,6 +243,7 @@ pub mod testing;
 pub mod types;
 
 pub use client::PROMOTE_LAG_ENTRIES_MAX;
+pub use fault::{Fault, INDEX_MAX, TERM_MAX};
 pub use io::{Action, Input, PersistRequest};
 pub use membership::{Configuration, MembershipChange};
 pub use message::{AppendResult, Message, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};

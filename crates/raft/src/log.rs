@@ -21,6 +21,23 @@ pub struct AppendMismatch {
     pub hint_term: Term,
 }
 
+/// Why an append from a leader was not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppendError {
+    /// The log does not hold (`prev_index`, `prev_term`): the usual
+    /// rejection, with a hint for the leader's next probe.
+    Mismatch(AppendMismatch),
+    /// An entry contradicts the log: another entry at the same index and
+    /// term, or a different term at a committed index. Raft rules this out
+    /// between correct nodes (see [`crate::Fault::LogConflict`]).
+    Conflict {
+        /// Where.
+        index: Index,
+        /// The term of the leader's entry there.
+        term: Term,
+    },
+}
+
 /// The in-memory log of one node.
 #[derive(Clone, Debug)]
 pub struct RaftLog {
@@ -187,24 +204,49 @@ impl RaftLog {
         prev_term: Term,
         entries: &[Entry],
         committed: Index,
-    ) -> Result<Index, AppendMismatch> {
+    ) -> Result<Index, AppendError> {
+        let mismatch = |log: &Self| {
+            Err(AppendError::Mismatch(
+                log.mismatch_hint(prev_index, prev_term),
+            ))
+        };
         match self.term_at(prev_index) {
             Some(term) if term == prev_term => {}
-            Some(_) | None => return Err(self.mismatch_hint(prev_index, prev_term)),
+            Some(_) | None => return mismatch(self),
         }
+        // The caller bounds indexes far below u64::MAX (crate::INDEX_MAX).
         for (expected, (position, entry)) in (prev_index + 1..).zip(entries.iter().enumerate()) {
             if entry.index != expected {
                 // Malformed message from a peer: treat as a mismatch at prev.
-                return Err(self.mismatch_hint(prev_index, prev_term));
+                return mismatch(self);
             }
             match self.term_at(entry.index) {
-                Some(term) if term == entry.term => continue,
+                Some(term) if term == entry.term => {
+                    // Same index and term: by log matching the same entry.
+                    // Where both are at hand, check it: two different
+                    // entries under one (index, term) mean two leaders in
+                    // one term, and taking ours for the leader's would
+                    // diverge silently.
+                    if self
+                        .entry(entry.index)
+                        .is_some_and(|held| held.payload != entry.payload)
+                    {
+                        return Err(AppendError::Conflict {
+                            index: entry.index,
+                            term: entry.term,
+                        });
+                    }
+                    continue;
+                }
                 Some(_) => {
+                    if entry.index <= committed {
+                        // A committed entry can never be replaced.
+                        return Err(AppendError::Conflict {
+                            index: entry.index,
+                            term: entry.term,
+                        });
+                    }
                     // Conflict: truncate from here and append the rest.
-                    assert!(
-                        entry.index > committed,
-                        "a committed entry conflicts with the leader's log"
-                    );
                     self.truncate_from(entry.index);
                     entries[position..]
                         .iter()
@@ -488,7 +530,10 @@ mod tests {
                 let entries = leader.slice(next, leader.last_index(), u64::MAX);
                 match follower.try_append(prev, prev_term, &entries, 0) {
                     Ok(matched) => { prop_assert_eq!(matched, leader.last_index()); break; }
-                    Err(hint) => {
+                    Err(AppendError::Conflict { index, .. }) => {
+                        prop_assert!(false, "no conflict between these logs, found one at {}", index);
+                    }
+                    Err(AppendError::Mismatch(hint)) => {
                         let candidate = if hint.hint_term == 0 { hint.hint_index } else {
                             leader.find_by_term(hint.hint_index, hint.hint_term).unwrap()
                         };

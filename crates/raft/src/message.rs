@@ -83,6 +83,13 @@ pub enum MessageBody {
     HeartbeatResponse {
         /// The read round of the heartbeat being answered.
         read_seq: u64,
+        /// The follower's last log index: a leader that sees it below what
+        /// the follower acknowledged learns that its log went backwards.
+        last_index: Index,
+        /// The follower could not take the heartbeat's commit index: no
+        /// append of this leader has shown its log matching there since it
+        /// (re)started. The leader sends it one.
+        needs_append: bool,
     },
     /// One chunk of a snapshot, sent by the leader.
     SnapshotChunk {

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::fault::{check_message, Fault, TERM_MAX};
 use crate::io::{Action, Input, PersistRequest};
 use crate::log::RaftLog;
 use crate::membership::Configuration;
@@ -194,6 +195,15 @@ pub struct RaftNode {
     pub(crate) config: Configuration,
     pub(crate) was_member: bool,
     pub(crate) removed: bool,
+    /// Set when the node detected that its log contradicts the group's: it
+    /// then takes no input but ticks, status requests and refusals.
+    pub(crate) halted: Option<Fault>,
+    /// (Follower.) The last index known to match the current leader's log:
+    /// what an append of this leader in this term was accepted through. A
+    /// heartbeat's commit index is taken only up to here, so that a log
+    /// that went backwards (or diverged) since it was acknowledged never
+    /// has entries applied on a leader's word alone.
+    pub(crate) leader_verified_index: Index,
     pub(crate) election_elapsed: u32,
     pub(crate) randomized_election_timeout: u32,
     pub(crate) heartbeat_elapsed: u32,
@@ -260,6 +270,8 @@ impl RaftNode {
             was_member: config.contains(id),
             config,
             removed: false,
+            halted: None,
+            leader_verified_index: 0,
             election_elapsed: 0,
             randomized_election_timeout: options.election_timeout_ticks,
             heartbeat_elapsed: 0,
@@ -300,6 +312,10 @@ impl RaftNode {
     }
 
     fn handle(&mut self, input: Input, actions: &mut Vec<Action>) {
+        if self.halted.is_some() {
+            self.handle_halted(input, actions);
+            return;
+        }
         match input {
             Input::Tick => self.tick(actions),
             Input::Message(message) => self.handle_message(message, actions),
@@ -325,6 +341,59 @@ impl RaftNode {
         }
     }
 
+    /// A halted node keeps time (so that held requests still meet their
+    /// deadlines), answers status and refuses everything else; peer
+    /// messages and storage completions change nothing.
+    fn handle_halted(&mut self, input: Input, actions: &mut Vec<Action>) {
+        match input {
+            Input::Tick => {
+                self.now_tick += 1;
+                self.expire_requests(actions);
+            }
+            Input::Client { id, request } => {
+                let result = match request {
+                    Request::Status => Ok(Response::Status(self.status())),
+                    Request::Propose(_)
+                    | Request::Read(_)
+                    | Request::ChangeMembership(_)
+                    | Request::TransferLeadership(_) => Err(self.halted_error()),
+                };
+                actions.push(Action::Respond { id, result });
+            }
+            Input::Message(_)
+            | Input::Persisted { .. }
+            | Input::SnapshotBuilt { .. }
+            | Input::SnapshotChunkLoaded { .. }
+            | Input::SnapshotChunkSaved { .. }
+            | Input::PeerConnected(_)
+            | Input::PeerDisconnected(_) => {}
+        }
+    }
+
+    pub(crate) fn halted_error(&self) -> RequestError {
+        RequestError::Halted {
+            reason: self
+                .halted
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string),
+        }
+    }
+
+    /// Halts the group on this node after `fault` (see
+    /// [`Fault::LogConflict`]): nothing more is accepted or applied, and
+    /// requests waiting here fail.
+    pub(crate) fn halt(&mut self, fault: Fault, actions: &mut Vec<Action>) {
+        if self.halted.is_some() {
+            return;
+        }
+        actions.push(Action::Fault(fault.clone()));
+        self.halted = Some(fault);
+        if !matches!(self.role, RoleState::Follower) || self.leader.is_some() {
+            self.become_follower(self.term, None, actions);
+        }
+        self.fail_all_requests_halted(actions);
+    }
+
     fn tick(&mut self, actions: &mut Vec<Action>) {
         self.now_tick += 1;
         self.expire_requests(actions);
@@ -336,6 +405,10 @@ impl RaftNode {
                 if self.election_elapsed >= self.randomized_election_timeout {
                     self.election_elapsed = 0;
                     self.reset_election_timeout();
+                    if self.term >= TERM_MAX {
+                        let term = self.term;
+                        actions.push(Action::Fault(Fault::TermExhausted { term }));
+                    }
                     if self.can_campaign() {
                         self.campaign(false, actions);
                     }
@@ -346,6 +419,11 @@ impl RaftNode {
 
     /// Term handling common to every message, then dispatch by kind.
     fn handle_message(&mut self, message: Message, actions: &mut Vec<Action>) {
+        if let Err(fault) = check_message(&message) {
+            // Beyond what any correct peer sends: refused unread.
+            actions.push(Action::Fault(fault));
+            return;
+        }
         if message.group != self.options.group
             || message.to != self.options.id
             || message.from == self.options.id
@@ -420,11 +498,12 @@ impl RaftNode {
                 | MessageBody::Heartbeat { .. }
                 | MessageBody::SnapshotChunk { .. } => {
                     // A stale leader: tell it our term so it steps down.
-                    self.send(
-                        from,
-                        MessageBody::HeartbeatResponse { read_seq: 0 },
-                        actions,
-                    );
+                    let body = MessageBody::HeartbeatResponse {
+                        read_seq: 0,
+                        last_index: self.log.last_index(),
+                        needs_append: false,
+                    };
+                    self.send(from, body, actions);
                     return;
                 }
                 MessageBody::RequestVote { pre_vote, .. } => {
@@ -503,9 +582,11 @@ impl RaftNode {
                     self.handle_heartbeat(from, leader_commit, read_seq, actions);
                 }
             }
-            MessageBody::HeartbeatResponse { read_seq } => {
-                self.handle_heartbeat_response(from, read_seq, actions)
-            }
+            MessageBody::HeartbeatResponse {
+                read_seq,
+                last_index,
+                needs_append,
+            } => self.handle_heartbeat_response(from, read_seq, last_index, needs_append, actions),
             MessageBody::SnapshotChunk {
                 meta,
                 offset,
@@ -753,7 +834,10 @@ impl RaftNode {
     }
 
     pub(crate) fn can_campaign(&self) -> bool {
-        !self.removed && self.config.is_voter(self.options.id) && self.receiving.is_none()
+        !self.removed
+            && self.config.is_voter(self.options.id)
+            && self.receiving.is_none()
+            && self.term < TERM_MAX
     }
 
     /// Advances the commit index; configuration changes take effect here.
@@ -932,6 +1016,15 @@ impl RaftNode {
     /// Whether this node has been removed from its group.
     pub fn is_removed(&self) -> bool {
         self.removed
+    }
+    /// The fault that made this node halt the group, if it did (see
+    /// [`Fault::LogConflict`]).
+    pub fn halted(&self) -> Option<&Fault> {
+        self.halted.as_ref()
+    }
+    /// Whether this node halted the group.
+    pub fn is_halted(&self) -> bool {
+        self.halted.is_some()
     }
     /// The index up to which this node's own log is known durable.
     pub fn durable_index(&self) -> Index {

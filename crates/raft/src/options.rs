@@ -27,9 +27,11 @@ pub struct Options {
     pub lease_reads: bool,
     /// Forward requests to the leader (true) or answer `NotLeader` (false).
     pub forward_requests: bool,
-    /// The most append messages in flight to one follower.
+    /// The most append messages (or snapshot chunks) in flight to one
+    /// follower; a follower also queues at most this many snapshot chunks.
     pub inflight_messages_max: usize,
-    /// The most entry bytes in flight to one follower.
+    /// The most entry bytes (or snapshot chunk bytes) in flight to one
+    /// follower; a follower also queues at most this many chunk bytes.
     pub inflight_bytes_max: u64,
     /// The most entry bytes in one append message (at least one entry is
     /// always sent).

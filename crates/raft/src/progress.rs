@@ -176,6 +176,11 @@ pub struct Progress {
     /// at what its log is known to match): the leader tells it of a newer
     /// one at once (see `send_commit_notices`).
     pub commit_sent: Index,
+    /// The leader's heartbeat round when `match_index` last rose: an answer
+    /// to a later round was sent after the follower acknowledged it, so
+    /// its last index cannot be below `match_index` unless its log went
+    /// backwards.
+    pub match_round: u64,
 }
 
 impl Progress {
@@ -192,7 +197,19 @@ impl Progress {
             stalled_heartbeats: 0,
             match_at_last_heartbeat: 0,
             commit_sent: 0,
+            match_round: 0,
         }
+    }
+
+    /// The follower's log went backwards to `last_index`: what it
+    /// acknowledged is void. Probe it afresh from its last index.
+    pub fn forget_match(&mut self, last_index: Index) {
+        self.match_index = 0;
+        self.match_round = 0;
+        self.commit_sent = 0;
+        self.match_at_last_heartbeat = 0;
+        self.become_probe();
+        self.next_index = last_index.saturating_add(1);
     }
 
     /// Switches to probe, sending next from `match_index + 1` at the latest.

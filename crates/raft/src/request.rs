@@ -186,4 +186,12 @@ pub enum RequestError {
     /// Lease reads need check-quorum, which is off.
     #[error("lease reads need check_quorum, which is off; use a linearizable read")]
     LeaseReadsDisabled,
+    /// This node detected that its log contradicts the group's (see
+    /// [`crate::Fault::LogConflict`]) and halted the group: it serves
+    /// nothing until it is repaired. Send requests to another member.
+    #[error("this member halted the group after detecting a log conflict ({reason}); send requests to another member")]
+    Halted {
+        /// The fault, in words.
+        reason: String,
+    },
 }

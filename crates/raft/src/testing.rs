@@ -99,6 +99,8 @@ pub struct TestNode {
     pub held_saves: VecDeque<Input>,
     /// The highest persist seq synced by this engine instance.
     pub synced_seq: u64,
+    /// Every fault the engine reported.
+    pub faults: Vec<crate::Fault>,
 }
 
 /// The test cluster.
@@ -204,6 +206,7 @@ impl Cluster {
                 hold_snapshot_saves: false,
                 held_saves: VecDeque::new(),
                 synced_seq: 0,
+                faults: Vec::new(),
             },
         );
     }
@@ -404,6 +407,9 @@ impl Cluster {
             Action::RoleChanged { .. } => {}
             Action::Removed => {
                 self.nodes.get_mut(&id).expect("node").removed_seen += 1;
+            }
+            Action::Fault(fault) => {
+                self.nodes.get_mut(&id).expect("node").faults.push(fault);
             }
         }
     }

@@ -12,7 +12,7 @@ use ferry_raft::{
     SnapshotMeta, SnapshotOutcome,
 };
 
-const ROWS: [&str; 8] = [
+const ROWS: [&str; 9] = [
     "follower",
     "follower receiving snapshot",
     "pre-candidate",
@@ -21,6 +21,7 @@ const ROWS: [&str; 8] = [
     "leader transferring",
     "learner",
     "removed",
+    "halted",
 ];
 
 const COLUMNS: [&str; 29] = [
@@ -227,11 +228,27 @@ fn make(row: &str) -> RaftNode {
             feed(&mut n, Input::Tick);
             feed(
                 &mut n,
-                msg(2, 2, MessageBody::HeartbeatResponse { read_seq: 1 }),
+                msg(
+                    2,
+                    2,
+                    MessageBody::HeartbeatResponse {
+                        read_seq: 1,
+                        last_index: last,
+                        needs_append: false,
+                    },
+                ),
             );
             feed(
                 &mut n,
-                msg(3, 2, MessageBody::HeartbeatResponse { read_seq: 1 }),
+                msg(
+                    3,
+                    2,
+                    MessageBody::HeartbeatResponse {
+                        read_seq: 1,
+                        last_index: last,
+                        needs_append: false,
+                    },
+                ),
             );
             assert_eq!(n.commit_index(), last);
             n
@@ -274,13 +291,40 @@ fn make(row: &str) -> RaftNode {
                 msg(
                     2,
                     1,
-                    MessageBody::Heartbeat {
+                    MessageBody::Append {
+                        prev_log_index: 4,
+                        prev_log_term: 1,
+                        entries: Vec::new(),
                         leader_commit: 4,
-                        read_seq: 0,
                     },
                 ),
             );
             assert!(n.is_removed());
+            n
+        }
+        "halted" => {
+            // The leader sends an entry at an index and term this follower
+            // holds, but a different one: two leaders in one term.
+            let mut n = make("follower");
+            let actions = feed(
+                &mut n,
+                msg(
+                    2,
+                    1,
+                    MessageBody::Append {
+                        prev_log_index: 2,
+                        prev_log_term: 1,
+                        entries: vec![Entry {
+                            index: 3,
+                            term: 1,
+                            payload: EntryPayload::Command(Bytes::from_static(b"forged")),
+                        }],
+                        leader_commit: 2,
+                    },
+                ),
+            );
+            assert!(actions.iter().any(|a| matches!(a, Action::Fault(_))));
+            assert!(n.is_halted());
             n
         }
         other => panic!("unknown row {other}"),
@@ -329,10 +373,10 @@ fn input_for(column: &str, node: &RaftNode) -> Input {
             2,
             term,
             MessageBody::Append {
-                prev_log_index: 3,
-                prev_log_term: 1,
+                prev_log_index: last,
+                prev_log_term: node.term_at(last).unwrap_or(0),
                 entries: vec![Entry {
-                    index: 4,
+                    index: last + 1,
                     term,
                     payload: EntryPayload::Command(Bytes::from_static(b"y")),
                 }],
@@ -352,7 +396,15 @@ fn input_for(column: &str, node: &RaftNode) -> Input {
                 read_seq: 7,
             },
         ),
-        "HeartbeatResponse" => msg(2, term, MessageBody::HeartbeatResponse { read_seq: 1 }),
+        "HeartbeatResponse" => msg(
+            2,
+            term,
+            MessageBody::HeartbeatResponse {
+                read_seq: 1,
+                last_index: last,
+                needs_append: false,
+            },
+        ),
         "SnapshotChunk (first)" => msg(
             2,
             term,
@@ -512,6 +564,7 @@ fn observe(node: &mut RaftNode, input: Input) -> String {
             Action::Compact { .. } => push("compact".into()),
             Action::RoleChanged { .. } => {}
             Action::Removed => push("removed".into()),
+            Action::Fault(_) => push("fault".into()),
         }
     }
     if node.role() != role_before {
@@ -528,7 +581,7 @@ fn observe(node: &mut RaftNode, input: Input) -> String {
 }
 
 /// The documented outcomes (the crate docs render this table).
-const EXPECTED: [[&str; 29]; 8] = include!("matrix_expected.in");
+const EXPECTED: [[&str; 29]; 9] = include!("matrix_expected.in");
 
 #[test]
 fn every_role_and_input_has_its_documented_outcome() {

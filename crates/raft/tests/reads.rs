@@ -364,5 +364,5 @@ fn followers_learn_a_commit_at_once_and_do_not_answer_the_notice() {
     assert!(!c
         .sent_log
         .iter()
-        .any(|m| matches!(m.body, MessageBody::HeartbeatResponse { read_seq: 0 })));
+        .any(|m| matches!(m.body, MessageBody::HeartbeatResponse { read_seq: 0, .. })));
 }

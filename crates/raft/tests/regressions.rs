@@ -173,7 +173,11 @@ fn not_leader_refusal_of_a_duplicate_forward_does_not_resend_the_write() {
     bump.from = follower;
     bump.to = leader;
     bump.term += 1;
-    bump.body = MessageBody::HeartbeatResponse { read_seq: 0 };
+    bump.body = MessageBody::HeartbeatResponse {
+        read_seq: 0,
+        last_index: 0,
+        needs_append: false,
+    };
     c.step(leader, Input::Message(bump));
     // The network's copy of the Forward arrives now and is refused...
     c.step(leader, Input::Message(forward));

@@ -198,9 +198,9 @@ fn a_lost_chunk_is_resent_when_the_follower_shows_the_gap() {
     let mut hops = 0;
     while c.node(follower).applied_index < snapshot_index {
         if !dropped {
-            if let Some(at) = c.network.iter().position(|m| {
-                matches!(m.body, MessageBody::SnapshotChunk { offset, .. } if offset > 0)
-            }) {
+            if let Some(at) = c.network.iter().position(
+                |m| matches!(m.body, MessageBody::SnapshotChunk { offset, .. } if offset > 0),
+            ) {
                 c.network.remove(at);
                 dropped = true;
             }

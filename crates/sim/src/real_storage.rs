@@ -346,7 +346,8 @@ pub fn check_restored(acked: &Acknowledged, restored: &DurableState) -> Result<(
 }
 
 fn same_state(expected: &DurableState, restored: &DurableState) -> Result<(), String> {
-    let (e, r) = (expected.restarted_hard_state(), restored.hard_state);
+    let expected = &expected.recovered();
+    let (e, r) = (expected.hard_state, restored.hard_state);
     if e.term != r.term || e.vote != r.vote {
         return Err(format!(
             "term/vote expected ({}, {:?}), recovered ({}, {:?})",

@@ -202,38 +202,38 @@ impl DurableState {
         self.write_entries(request.seq, &request.entries)
     }
 
-    /// Makes `meta` the durable snapshot, with the log beside it as the
-    /// storage's recovery leaves it (see [`DurableState::reconcile_snapshot`]).
+    /// Makes `meta` the durable snapshot. The log beside it stays as
+    /// written: the storage decides at recovery which of it survives (see
+    /// [`DurableState::recovered`]).
     pub fn adopt_snapshot(&mut self, meta: SnapshotMeta, data: Bytes) {
         self.snapshot = meta;
         self.snapshot_data = data;
-        self.reconcile_snapshot();
     }
 
-    /// The storage's rule for a snapshot that is newer than the synced log
-    /// (a local snapshot is durable on its own, before the log writes that
-    /// led to it are): the log's entries stay only if the log holds the
-    /// snapshot's own entry with the snapshot's term. A log that disagrees
-    /// at the snapshot's index was overwritten after the synced state, and
-    /// none of its entries can follow the snapshot.
-    pub fn reconcile_snapshot(&mut self) {
-        let (index, term) = (self.snapshot.index, self.snapshot.term);
-        if index == 0 {
-            return;
-        }
-        if self
-            .entries
-            .iter()
-            .any(|e| e.index == index && e.term != term)
+    /// The state as the storage's recovery gives it back. A local snapshot
+    /// is durable on its own, before the log writes that led to it are, so
+    /// the synced log may disagree with it: the log's entries stay only if
+    /// the log does not hold the snapshot's own index with another term (a
+    /// log that disagrees there was overwritten after what was synced, and
+    /// none of it can follow the snapshot). The term is at least that of
+    /// every entry held (the snapshot's included), with no vote in a term
+    /// raised that way.
+    pub fn recovered(&self) -> DurableState {
+        let mut state = self.clone();
+        let (index, term) = (state.snapshot.index, state.snapshot.term);
+        if index > 0
+            && state
+                .entries
+                .iter()
+                .any(|e| e.index == index && e.term != term)
         {
-            self.entries.clear();
+            state.entries.clear();
         }
+        state.hard_state = state.restarted_hard_state();
+        state
     }
 
-    /// The term the node restarts with: at least that of every entry it
-    /// holds (the snapshot's included), with no vote in a term raised that
-    /// way, as the storage's recovery gives it.
-    pub fn restarted_hard_state(&self) -> HardState {
+    fn restarted_hard_state(&self) -> HardState {
         let mut hard_state = self.hard_state;
         let held_term = self
             .entries
@@ -250,12 +250,13 @@ impl DurableState {
         hard_state
     }
 
-    /// The state a restarting engine is handed.
+    /// The state a restarting engine is handed (as recovered).
     pub fn restored_state(&self) -> RestoredState {
+        let recovered = self.recovered();
         RestoredState {
-            hard_state: self.restarted_hard_state(),
-            snapshot: self.snapshot.clone(),
-            entries: self
+            hard_state: recovered.hard_state,
+            snapshot: recovered.snapshot.clone(),
+            entries: recovered
                 .entries
                 .iter()
                 .filter(|e| e.index > self.snapshot.index)
@@ -387,11 +388,10 @@ impl DiskModel {
 
     /// Drops log entries up to `through` that the durable snapshot covers.
     pub fn compact(&mut self, through: Index) {
-        // The entry at the snapshot's index decides whether the log after
-        // it survives a restart: apply that rule before it is dropped.
-        self.synced.reconcile_snapshot();
+        // The entry at the snapshot's index itself stays: it decides
+        // whether the log after it survives a restart (see `recovered`).
         let through = through.min(self.synced.snapshot.index);
-        self.synced.entries.retain(|e| e.index > through);
+        self.synced.entries.retain(|e| e.index >= through);
     }
 
     /// Stores a snapshot the local state machine took (written and synced
@@ -668,8 +668,12 @@ mod tests {
                 commit: 0,
             })
         };
-        disk.write(request(1, hs(8, Some(1)), (1..=6).map(|i| entry(i, 8)).collect()))
-            .unwrap();
+        disk.write(request(
+            1,
+            hs(8, Some(1)),
+            (1..=6).map(|i| entry(i, 8)).collect(),
+        ))
+        .unwrap();
         disk.start_sync();
         disk.complete_sync(1).unwrap();
         disk.write(request(2, hs(10, None), vec![entry(4, 10), entry(5, 10)]))
@@ -706,7 +710,11 @@ mod tests {
         assert!(disk.store_local_snapshot(meta.clone(), Bytes::from_static(b"s")));
         assert!(!disk.store_local_snapshot(meta, Bytes::new()), "not newer");
         disk.compact(10);
-        assert_eq!(disk.synced().entries, vec![entry(4, 1), entry(5, 1)]);
+        // The snapshot's own entry stays: it decides what follows it.
+        assert_eq!(
+            disk.synced().entries,
+            vec![entry(3, 1), entry(4, 1), entry(5, 1)]
+        );
         assert_eq!(disk.synced().restored_state().entries.len(), 2);
     }
 }

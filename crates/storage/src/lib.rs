@@ -71,6 +71,32 @@
 //! twice in one term. Repair one node at a time, so that every group keeps a
 //! healthy majority.
 //!
+//! ## Failed syncs and snapshots: what is promised
+//!
+//! - A record is durable once a sync prepared after it completed without
+//!   error; records synced before a failed sync stay durable and come back
+//!   after a restart exactly as written.
+//! - After a failed write or fdatasync nothing written since the last
+//!   successful sync is promised: the kernel may have dropped those pages or
+//!   written some of them. The log refuses all further work
+//!   ([`StorageError::Poisoned`]) and the node must stop; it never retries
+//!   the sync (a retry could report as durable data that is not). On restart,
+//!   recovery finds the synced records plus some of the later ones, and a
+//!   damaged record among those later ones is cut as a torn tail if nothing
+//!   valid follows it.
+//! - A snapshot the local state machine built is durable on its own once
+//!   [`Storage::save_snapshot`] returns, independently of the log. The state
+//!   machine may apply committed entries before this node synced them, so a
+//!   snapshot can cover entries (and be of a term) that the synced log does
+//!   not hold, or holds with another term (a conflicting suffix overwritten
+//!   since). Recovery then follows Raft: the log after the snapshot is kept
+//!   only if it holds the snapshot's own entry with the snapshot's term (or
+//!   starts right after it); otherwise the log is discarded and the node
+//!   starts from the snapshot alone. The term restored is at least the
+//!   snapshot's and that of every entry kept, with no vote if it was raised
+//!   that way: a vote is only ever sent once its record is synced, so none
+//!   was given in the raised term. (Simulator seeds 16953 and 93901.)
+//!
 //! One limit remains: damage to the very end of the log (the last records
 //! of the last segment, with nothing valid after them) looks exactly like a
 //! torn write and is cut, even if those records had been synced;

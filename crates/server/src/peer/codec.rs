@@ -145,9 +145,15 @@ fn put_body(out: &mut Encoder, body: &MessageBody) {
             out.u64(*leader_commit);
             out.u64(*read_seq);
         }
-        MessageBody::HeartbeatResponse { read_seq } => {
+        MessageBody::HeartbeatResponse {
+            read_seq,
+            last_index,
+            needs_append,
+        } => {
             out.u8(5);
             out.u64(*read_seq);
+            out.u64(*last_index);
+            put_bool(out, *needs_append);
         }
         MessageBody::SnapshotChunk {
             meta,
@@ -290,6 +296,10 @@ fn put_error(out: &mut Encoder, error: &RequestError) {
         }
         RequestError::TransferInProgress => out.u8(9),
         RequestError::LeaseReadsDisabled => out.u8(10),
+        RequestError::Halted { reason } => {
+            out.u8(11);
+            out.bytes(reason.as_bytes());
+        }
     }
 }
 
@@ -396,6 +406,8 @@ impl Reader {
             },
             (5, _) => MessageBody::HeartbeatResponse {
                 read_seq: self.0.u64()?,
+                last_index: self.0.u64()?,
+                needs_append: self.bool("needs_append")?,
             },
             (6, _) => MessageBody::SnapshotChunk {
                 meta: self.0.snapshot_meta()?,
@@ -545,6 +557,9 @@ impl Reader {
             },
             (9, _) => RequestError::TransferInProgress,
             (10, _) => RequestError::LeaseReadsDisabled,
+            (11, _) => RequestError::Halted {
+                reason: self.string("reason", REASON_BYTES_MAX)?,
+            },
             (tag, at) => {
                 return Err(DecodeError::UnknownTag {
                     what: "request error",
@@ -636,7 +651,11 @@ mod tests {
                 leader_commit: 5,
                 read_seq: 11,
             },
-            MessageBody::HeartbeatResponse { read_seq: 11 },
+            MessageBody::HeartbeatResponse {
+                read_seq: 11,
+                last_index: 40,
+                needs_append: true,
+            },
             MessageBody::SnapshotChunk {
                 meta: SnapshotMeta {
                     index: 100,
@@ -716,6 +735,9 @@ mod tests {
             },
             RequestError::TransferInProgress,
             RequestError::LeaseReadsDisabled,
+            RequestError::Halted {
+                reason: "a log conflict".into(),
+            },
         ];
         bodies.extend(
             errors

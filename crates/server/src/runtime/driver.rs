@@ -172,6 +172,7 @@ fn api_error(error: RequestError) -> ApiError {
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::TransferInProgress
+        | RequestError::Halted { .. }
         | RequestError::LeaseReadsDisabled => ApiError::Internal(error.to_string()),
     }
 }
@@ -386,7 +387,18 @@ struct Driver {
     role: Role,
     /// Whether the engine said this node was removed.
     removed: bool,
+    /// Per kind of fault, the tick it was last logged at and how many were
+    /// not logged since: a faulty peer can cause one per message.
+    fault_log: BTreeMap<&'static str, (u64, u64)>,
 }
+
+/// The way back for a member whose log contradicts its group's.
+const REPAIR_HINT: &str = "stop it, move its data directory aside, remove it with `etcdctl member remove`, \
+     then add it back as a new member (`etcdctl member add --learner`) and start it empty with --join";
+
+/// A detected fault of one kind is logged at most once per this many ticks;
+/// the next line says how many were left out.
+const FAULT_LOG_INTERVAL_TICKS: u64 = 100;
 
 type SyncOutcome = (ferry_storage::PendingSync<FsDisk>, std::io::Result<()>);
 /// A snapshot of the local state machine whose data a blocking thread wrote.
@@ -479,6 +491,7 @@ impl Driver {
             self_publish_tick: 0,
             role: Role::Follower,
             removed: false,
+            fault_log: BTreeMap::new(),
         };
         (driver, snapshot_written, snapshot_restored)
     }
@@ -728,8 +741,39 @@ impl Driver {
                     "this node was removed from the cluster; it serves no more requests"
                 );
             }
+            Action::Fault(fault) => self.report_fault(&fault),
         }
         Ok(())
+    }
+
+    /// Logs a fault the engine detected, rate-limited per kind.
+    fn report_fault(&mut self, fault: &ferry_raft::Fault) {
+        let kind = match fault {
+            ferry_raft::Fault::MessageOutOfRange { .. } => "message out of range",
+            ferry_raft::Fault::TermExhausted { .. } => "term exhausted",
+            ferry_raft::Fault::LogConflict { .. } => "log conflict",
+            ferry_raft::Fault::CommitBeyondLog { .. } => "commit beyond log",
+            ferry_raft::Fault::FollowerLogWentBack { .. } => "follower log went back",
+        };
+        let ticks = self.ticks;
+        let entry = self.fault_log.entry(kind).or_insert((0, 0));
+        let (last_tick, suppressed) = *entry;
+        if last_tick != 0 && ticks < last_tick.saturating_add(FAULT_LOG_INTERVAL_TICKS) {
+            entry.1 = suppressed.saturating_add(1);
+            return;
+        }
+        *entry = (ticks.max(1), 0);
+        match fault {
+            ferry_raft::Fault::LogConflict { .. } => {
+                tracing::error!(suppressed, "{fault}; repair this member: {REPAIR_HINT}")
+            }
+            ferry_raft::Fault::MessageOutOfRange { .. }
+            | ferry_raft::Fault::TermExhausted { .. }
+            | ferry_raft::Fault::CommitBeyondLog { .. }
+            | ferry_raft::Fault::FollowerLogWentBack { .. } => {
+                tracing::warn!(suppressed, "{fault}")
+            }
+        }
     }
 
     fn apply(&mut self, index: Index, term: Term, payload: &EntryPayload) {

@@ -315,6 +315,7 @@ fn retryable(error: &RequestError) -> bool {
         | RequestError::NoLeader
         | RequestError::Busy { .. }
         | RequestError::Removed
+        | RequestError::Halted { .. }
         | RequestError::LeadershipLost
         | RequestError::TransferInProgress => true,
         RequestError::Timeout
@@ -370,8 +371,13 @@ pub fn describe_body(body: &MessageBody) -> String {
         } => {
             format!("Heartbeat commit={leader_commit} read_seq={read_seq}")
         }
-        MessageBody::HeartbeatResponse { read_seq } => {
-            format!("HeartbeatResponse read_seq={read_seq}")
+        MessageBody::HeartbeatResponse {
+            read_seq,
+            last_index,
+            needs_append,
+        } => {
+            let needs = if *needs_append { " needs-append" } else { "" };
+            format!("HeartbeatResponse read_seq={read_seq} last={last_index}{needs}")
         }
         MessageBody::SnapshotChunk {
             meta,
@@ -1155,6 +1161,14 @@ impl Simulation {
                 if let Some(node) = self.nodes.get_mut(&id) {
                     node.removed = true;
                 }
+            }
+            Action::Fault(fault) => {
+                // No node here is faulty or hostile: any detected fault means
+                // the engine, the storage or this runtime broke an assumption.
+                self.fail(
+                    FailureKind::Safety,
+                    format!("node {id} reported a fault: {fault}"),
+                );
             }
         }
     }
