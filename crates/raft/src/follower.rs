@@ -471,6 +471,90 @@ mod tests {
         assert!(!n.is_receiving_snapshot());
     }
 
+    /// Found by the sweep while chunks were first pipelined: chunks queued
+    /// behind one being saved, then appends carried the log past the
+    /// snapshot; the queued last chunk was saved and installed, rolling the
+    /// state machine back. It is dropped and answered `Stale` instead.
+    #[test]
+    fn queued_chunks_of_a_snapshot_that_became_stale_are_not_installed() {
+        let mut n = follower_with_commit(2);
+        let mut actions = Vec::new();
+        n.step(chunk(6, 0), &mut actions);
+        n.step(chunk(6, 4), &mut actions);
+        let mut last = chunk(6, 8);
+        if let Input::Message(Message {
+            body: MessageBody::SnapshotChunk { done, .. },
+            ..
+        }) = &mut last
+        {
+            *done = true;
+        }
+        n.step(last, &mut actions);
+        let saves = |actions: &[Action]| {
+            actions
+                .iter()
+                .filter(|a| matches!(a, Action::SaveSnapshotChunk { .. }))
+                .count()
+        };
+        assert_eq!(saves(&actions), 1, "one save at a time, the rest queued");
+        // Meanwhile the leader's appends carry the log past the snapshot.
+        let entries = (3..=8)
+            .map(|index| Entry {
+                index,
+                term: 1,
+                payload: EntryPayload::Noop,
+            })
+            .collect();
+        let append = MessageBody::Append {
+            prev_log_index: 2,
+            prev_log_term: 1,
+            entries,
+            leader_commit: 8,
+        };
+        n.step(
+            Input::Message(Message {
+                group: 1,
+                from: 2,
+                to: 1,
+                term: 1,
+                body: append,
+            }),
+            &mut actions,
+        );
+        assert_eq!(n.commit_index(), 8);
+        let persisted: Vec<u64> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Persist(p) => Some(p.seq),
+                _ => None,
+            })
+            .collect();
+        actions.clear();
+        n.step(
+            Input::SnapshotChunkSaved {
+                snapshot_index: 6,
+                offset: 0,
+                ok: true,
+            },
+            &mut actions,
+        );
+        assert_eq!(saves(&actions), 0, "a stale snapshot must not be installed");
+        for seq in persisted {
+            n.step(Input::Persisted { seq }, &mut actions);
+        }
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Send(Message {
+                body: MessageBody::SnapshotResponse {
+                    outcome: SnapshotOutcome::Stale { .. },
+                    ..
+                },
+                ..
+            })
+        )));
+        assert!(!n.is_receiving_snapshot());
+    }
+
     #[test]
     fn out_of_order_chunks_are_redirected_or_rejected() {
         let mut n = follower_with_commit(2);
