@@ -1,5 +1,7 @@
-//! `ferry lincheck FILE...`: checks Jepsen-format register histories for
-//! linearizability and prints one verdict line per file.
+//! `ferry lincheck FILE...`: checks register histories for linearizability
+//! and prints one verdict line per file. A file is read as a ferry history
+//! (`ferry_sim::history::History::to_text`) when it starts with its header,
+//! and as a Jepsen history otherwise.
 //!
 //! Exit status: 0 when every file was decided (linearizable or not), 1 when
 //! some file could not be read or parsed, or its search hit its bound.
@@ -7,13 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use ferry_sim::history::{History, TEXT_HEADER};
 use ferry_sim::lincheck::{check_with, jepsen, CheckOptions, Verdict, Violation};
 
 /// Arguments of `ferry lincheck`.
 #[derive(clap::Args, Debug)]
 pub struct LincheckArgs {
-    /// Jepsen register histories (`INFO  jepsen.util - PROCESS TYPE F VALUE`
-    /// lines), one register per file.
+    /// Register histories: Jepsen's (`INFO  jepsen.util - PROCESS TYPE F
+    /// VALUE` lines, one register per file) or ferry's own text format (a
+    /// file starting with `# ferry history v1`).
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
@@ -74,6 +78,12 @@ fn check_file(file: &Path, options: CheckOptions) -> FileResult {
         Ok(text) => text,
         Err(error) => return FileResult::Error(format!("cannot read the file: {error}")),
     };
+    if text.starts_with(TEXT_HEADER) {
+        return match History::from_text(&text) {
+            Ok(history) => FileResult::Checked(check_with(&history, options)),
+            Err(error) => FileResult::Error(format!("not a ferry history: {error}")),
+        };
+    }
     match jepsen::parse(&text) {
         Ok(history) => FileResult::Checked(check_with(&history, options)),
         Err(error) => FileResult::Error(format!("not a Jepsen register history: {error}")),
