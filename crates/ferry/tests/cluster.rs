@@ -183,6 +183,23 @@ impl Cluster {
         }
     }
 
+    /// Waits for node `id` to exit by itself; returns its exit status.
+    fn wait_exit(&mut self, id: u64, within: Duration) -> std::process::ExitStatus {
+        let mut child = self.nodes[(id - 1) as usize].child.take().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node {id} is still running\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn url(&self, id: u64) -> String {
         format!(
             "http://127.0.0.1:{}",
@@ -931,4 +948,43 @@ async fn a_member_added_at_run_time_joins_is_promoted_and_another_is_removed() {
         Some("yes")
     );
     assert_eq!(get(&cluster, new_leader, "m7").await.as_deref(), Some("7"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_log_segment_was_deleted_refuses_to_start_and_names_the_repair() {
+    let mut cluster = Cluster::new("lost-log", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    for i in 0..10 {
+        put(&cluster, leader, &format!("l{i}"), &format!("v{i}")).await;
+    }
+    let lost = a_follower(leader, &[1, 2, 3]);
+    cluster.stop(lost);
+    // The follower's log segments go missing (its state file stays).
+    let wal = cluster.nodes[(lost - 1) as usize].data_dir.join("wal");
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&wal).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            std::fs::remove_file(path).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(removed > 0);
+    cluster.start(lost);
+    let status = cluster.wait_exit(lost, Duration::from_secs(30));
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(cluster.dir.join(format!("node{lost}.log"))).unwrap();
+    for words in [
+        "cannot start",
+        "the log lost data it had synced",
+        "must not start as a voter",
+        "remove it from its groups",
+        "new learner",
+        "When the disk lies: the way back",
+    ] {
+        assert!(log.contains(words), "the log says {words:?}:\n{log}");
+    }
+    // The healthy majority goes on.
+    put(&cluster, leader, "after", "yes").await;
+    assert_eq!(get(&cluster, leader, "after").await.as_deref(), Some("yes"));
 }

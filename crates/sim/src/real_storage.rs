@@ -108,7 +108,10 @@ impl RealStorage {
         let (storage, report) = match Storage::open(self.disk.clone(), &Self::dir(), wal_options())
         {
             Ok(opened) => opened,
-            Err(e @ StorageError::Corrupt { .. }) => {
+            // Damage the storage cannot explain: a corrupt file, or a log
+            // shorter than what it had synced (as damage at its very end
+            // now is, when a claim vouches for it).
+            Err(e @ (StorageError::Corrupt { .. } | StorageError::LostSyncedData { .. })) => {
                 return Ok(OpenOutcome::Corrupt(e.to_string()))
             }
             Err(e) => return Err(e),

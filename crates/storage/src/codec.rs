@@ -302,6 +302,16 @@ pub enum WalRecord {
     SegmentHeader {
         /// The segment's sequence number (also in its file name).
         segment: u64,
+        /// The log format the segment is written in: [`WAL_FORMAT_VERSION`],
+        /// or [`WAL_FORMAT_VERSION_OLDEST`] for a segment written before the
+        /// log had a state file (see [`crate::log_state`]).
+        version: u32,
+        /// The length of the previous segment (`segment - 1`) when this one
+        /// was started, if there was one: the previous segment is sealed at
+        /// exactly this length, so recovery can tell a sealed segment cut
+        /// at a record boundary from a whole one. Format 1 has no such field
+        /// (encoding a format 1 header leaves it out).
+        previous_len: Option<u64>,
     },
     /// The state of one group as of the start of a segment, so that older
     /// segments can be deleted without losing term, vote or log bounds.
@@ -356,18 +366,39 @@ pub enum WalRecord {
 
 /// The magic number in every segment header: "FERRYWAL".
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"FERRYWAL");
-/// The version of the log format this code writes and reads.
-pub const WAL_FORMAT_VERSION: u32 = 1;
+/// The version of the log format this code writes. Format 2 added the
+/// previous segment's length to the segment header and the log state file
+/// beside the segments ([`crate::log_state`]).
+pub const WAL_FORMAT_VERSION: u32 = 2;
+/// The oldest log format this code reads: format 1, whose logs have no state
+/// file (accepted as they are on open, and given one).
+pub const WAL_FORMAT_VERSION_OLDEST: u32 = 1;
 
 impl WalRecord {
     /// Appends the record's payload (unframed) to `enc`.
     pub fn encode(&self, enc: &mut Encoder) {
         match self {
-            WalRecord::SegmentHeader { segment } => {
+            WalRecord::SegmentHeader {
+                segment,
+                version,
+                previous_len,
+            } => {
                 enc.u8(1);
                 enc.u64(SEGMENT_MAGIC);
-                enc.u32(WAL_FORMAT_VERSION);
+                enc.u32(*version);
                 enc.u64(*segment);
+                if *version > WAL_FORMAT_VERSION_OLDEST {
+                    match previous_len {
+                        None => {
+                            enc.u8(0);
+                            enc.u64(0);
+                        }
+                        Some(len) => {
+                            enc.u8(1);
+                            enc.u64(*len);
+                        }
+                    }
+                }
             }
             WalRecord::Checkpoint {
                 group,
@@ -439,10 +470,33 @@ impl WalRecord {
                     ));
                 }
                 let version = d.u32()?;
-                if version != WAL_FORMAT_VERSION {
-                    return Err(DecodeError::Invalid("unsupported log format version"));
+                let segment = d.u64()?;
+                let previous_len = match version {
+                    WAL_FORMAT_VERSION_OLDEST => None,
+                    WAL_FORMAT_VERSION => {
+                        let at = d.position();
+                        match d.u8()? {
+                            0 => {
+                                d.u64()?;
+                                None
+                            }
+                            1 => Some(d.u64()?),
+                            tag => {
+                                return Err(DecodeError::UnknownTag {
+                                    what: "previous segment length flag",
+                                    tag,
+                                    at,
+                                })
+                            }
+                        }
+                    }
+                    _ => return Err(DecodeError::Invalid("unsupported log format version")),
+                };
+                WalRecord::SegmentHeader {
+                    segment,
+                    version,
+                    previous_len,
                 }
-                WalRecord::SegmentHeader { segment: d.u64()? }
             }
             2 => WalRecord::Checkpoint {
                 group: d.u64()?,
@@ -622,7 +676,20 @@ mod tests {
 
     fn record() -> impl Strategy<Value = WalRecord> {
         prop_oneof![
-            any::<u64>().prop_map(|segment| WalRecord::SegmentHeader { segment }),
+            any::<u64>().prop_map(|segment| WalRecord::SegmentHeader {
+                segment,
+                version: WAL_FORMAT_VERSION_OLDEST,
+                previous_len: None,
+            }),
+            (any::<u64>(), proptest::option::of(any::<u64>())).prop_map(
+                |(segment, previous_len)| {
+                    WalRecord::SegmentHeader {
+                        segment,
+                        version: WAL_FORMAT_VERSION,
+                        previous_len,
+                    }
+                }
+            ),
             (
                 any::<u64>(),
                 hard_state(),

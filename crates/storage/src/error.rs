@@ -78,6 +78,31 @@ pub enum StorageError {
         /// What is wrong.
         reason: String,
     },
+    /// The log ends before what it is known to have synced: a segment, or a
+    /// part of one, that was durable is gone (deleted, replaced by an empty
+    /// or zeroed file, truncated, its tail zeroed), or so is the state file
+    /// that vouches for the log. Unlike a torn write, this data had been
+    /// reported durable, so the node may have forgotten votes it cast and
+    /// entries it acknowledged: it must not start (see the crate
+    /// documentation, "Knowing what was synced").
+    #[error(
+        "the log lost data it had synced: {path}: expected {expected}, found {found}. This is \
+         not a torn write: the data had been synced, so this node may have forgotten votes it \
+         cast and entries it acknowledged, and must not start as a voter. The way back: stop \
+         the node, move its data directory aside (keep it for diagnosis), remove it from its \
+         groups through the healthy members, then add it back as a new learner and promote it \
+         once it has caught up; it rejoins and receives the state from its peers (see \"When \
+         the disk lies: the way back\" in the ferry-storage documentation)"
+    )]
+    LostSyncedData {
+        /// The file that lost data (or the missing file, or the log
+        /// directory when the whole log is gone).
+        path: PathBuf,
+        /// What the log is known to have synced there.
+        expected: String,
+        /// What is there now.
+        found: String,
+    },
     /// An earlier write or sync failed; after a failed sync the kernel may
     /// have dropped dirty pages, so nothing written since can be trusted.
     #[error("storage stopped after an earlier failure ({0}); restart the node")]
@@ -139,6 +164,19 @@ impl StorageError {
             op,
             path: path.into(),
             source,
+        }
+    }
+
+    /// A lost-synced-data error for `path`.
+    pub fn lost(
+        path: impl Into<PathBuf>,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> Self {
+        StorageError::LostSyncedData {
+            path: path.into(),
+            expected: expected.into(),
+            found: found.into(),
         }
     }
 

@@ -13,6 +13,8 @@
 //!   ([`FsDisk`]) and a simulated one ([`SimDisk`]: lost unsynced writes, torn
 //!   writes, corrupted sectors, slow syncs, all deterministic from a seed).
 //! - [`codec`]: the binary format of the engine's types and of log records.
+//! - [`log_state`]: the files beside the segments that say what the log had
+//!   synced, so that lost synced data is not taken for a torn write.
 //!
 //! ## Durability contract
 //!
@@ -59,10 +61,12 @@
 //!
 //! Recovery cuts a torn tail (a record cut short, or failing its checksum,
 //! at the end of the last segment with no valid record after it) and reports
-//! the bytes cut.
+//! the bytes cut, unless the log knows those bytes had been synced: then it
+//! is [`StorageError::LostSyncedData`] (see "Knowing what was synced"
+//! below).
 //! Any other damage, in the log or in a snapshot, is
 //! [`StorageError::Corrupt`] naming the file and the byte offset, and the
-//! node must not start on it. The way back: stop the node and move its data
+//! node must not start on it (nor on lost synced data). The way back: stop the node and move its data
 //! directory aside (keep it for diagnosis); have the healthy members remove
 //! the node from each of its groups (a membership change), then add it back
 //! as a new learner and promote it once it has caught up. It receives a
@@ -97,13 +101,75 @@
 //!   that way: a vote is only ever sent once its record is synced, so none
 //!   was given in the raised term. (Simulator seeds 16953 and 93901.)
 //!
-//! One limit remains: damage to the very end of the log (the last records
-//! of the last segment, with nothing valid after them) looks exactly like a
-//! torn write and is cut, even if those records had been synced;
-//! [`WalRecovery::truncated_bytes`] makes it visible, and the server should
-//! log it loudly. Closing this gap needs redundancy at the tail (for example
-//! a second copy of the last batch's headers, as TigerBeetle keeps); we have
-//! not built that.
+//! One limit remains, narrower than it was: damage to the very end of the
+//! log (the last records of the last segment, with nothing valid after
+//! them) that no surviving claim of the progress file covers looks exactly
+//! like a torn write and is cut, even if those records had been synced.
+//! After a process restart the claims vouch for the last synced batch
+//! exactly; after a power loss, for the first batch of the current segment
+//! and whatever later claims the kernel had written back.
+//! [`WalRecovery::truncated_bytes`] makes a cut visible, and the server
+//! logs it loudly.
+//!
+//! ## Knowing what was synced
+//!
+//! A torn write only damages what was never synced. Anything else that
+//! shortens the log loses what the node reported durable (votes it cast,
+//! entries it acknowledged), and a node that starts on such a log can vote
+//! twice in one term. So the log keeps, beside its segments, what it needs to
+//! tell the two apart ([`log_state`] has the formats, [`wal`] where each is
+//! written):
+//!
+//! - each segment's header records the length its predecessor is sealed at;
+//! - a state file, replaced atomically on open and once per segment (after a
+//!   rotation, by the first sync of the new segment), records the segment
+//!   the log writes next, the exact length of the newest sealed one, and
+//!   every group's term and vote;
+//! - a progress file receives, after each completed sync, an unsynced claim
+//!   "segment S is synced through byte L"; the first claim about each new
+//!   segment is synced.
+//!
+//! [`Storage::open`] refuses with [`StorageError::LostSyncedData`] (naming
+//! the file, what was known synced and what is there), and leaves the disk
+//! as it found it, when a segment that held synced data was deleted or
+//! replaced by an empty or zeroed file; when a segment is shorter than a
+//! claim or than its sealed length (truncated, or its tail zeroed); when
+//! every segment is gone but the state file or snapshots remain; when the
+//! state file is gone from a log in the current format; or when a group's
+//! term or vote went back. A torn tail of the last, unsynced batch is still
+//! cut and reported. A crash at any point (of a run or of a recovery) is
+//! never taken for lost synced data: a claim is written only after the sync
+//! it describes, and the state file only ever says what is already durable
+//! (the crash tests check every write boundary).
+//!
+//! The cost: per batch, one small write (28 bytes, to the page cache) after
+//! the fdatasync, and still one fdatasync; per segment (64 MiB by default),
+//! the state file (one fdatasync, a rename and a directory sync) and one
+//! fdatasync of the first claim, on the thread that runs the sync; on open,
+//! the state file.
+//!
+//! Old and new directories: a brand-new directory (no state file, no
+//! segment, no snapshot) starts empty. A log written before state files
+//! existed (format 1: no state file, headers without the predecessor's
+//! length) is accepted as it is, since nothing can vouch for it, and gets a
+//! state file on open ([`WalRecovery::upgraded_from_format_1`]); from then on
+//! it is in format 2, which always has one. A directory with snapshots but
+//! neither segments nor a state file is refused. A damaged state file is
+//! [`StorageError::Corrupt`] (it is only ever renamed into place whole and
+//! synced, so no crash explains it); a damaged or missing progress file only
+//! loses claims, since it is a lower bound.
+//!
+//! Why this design: a synced marker per batch would double the cost of every
+//! batch (two fdatasyncs); redundancy inside the segment (a second copy of
+//! the last batch's headers) cannot see the file truncated, zeroed or
+//! deleted; preallocated fixed-size segments see truncation but not a zeroed
+//! tail; fixed slots overwritten in place (like TigerBeetle's superblock
+//! copies) need in-place writes, which the [`Disk`] rules (appends, atomic
+//! renames) and the simulated disk do not model. An append-only progress
+//! file and an atomically replaced state file follow those rules exactly, so
+//! the crash tests check them like the log itself. What it cannot see: a
+//! whole data directory replaced consistently (restored from an old copy,
+//! state file included).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -112,6 +178,7 @@ pub mod cache;
 pub mod codec;
 pub mod disk;
 pub mod error;
+pub mod log_state;
 pub mod sim_disk;
 pub mod snapshot;
 pub mod storage;

@@ -3,11 +3,14 @@
 //! # Layout
 //!
 //! The log is a directory of segment files `<seq>.seg` (20-digit, zero
-//! padded). Every segment starts with a header record and one checkpoint
-//! record per group (its hard state, the index its log starts after, and its
-//! last index at that moment). After that come the records of every group,
-//! interleaved in the order they were written. Each record is framed with its
-//! length and a crc32c (see [`crate::codec`]).
+//! padded), beside a state file and a sync progress file that say what the
+//! log had synced (see [`crate::log_state`]). Every segment starts with a
+//! header record (its number, the format version, and the length the
+//! previous segment is sealed at) and one checkpoint record per group (its
+//! hard state, the index its log starts after, and its last index at that
+//! moment). After that come the records of every group, interleaved in the
+//! order they were written. Each record is framed with its length and a
+//! crc32c (see [`crate::codec`]).
 //!
 //! # Old segments
 //!
@@ -59,10 +62,17 @@
 //! last segment (a record cut short or failing its checksum, with no valid
 //! record after it) is a torn write: it is cut off (durably) and reported in
 //! [`WalRecovery::truncated_bytes`]. Any other damage is
-//! [`StorageError::Corrupt`] naming the file and offset. The way back from
-//! corruption (the node leaves its groups, is wiped and rejoins as a new
-//! member that receives a snapshot and the log) is described in the crate
-//! documentation.
+//! [`StorageError::Corrupt`] naming the file and offset.
+//!
+//! Before it changes anything on disk, recovery also checks that the log
+//! does not end before what it is known to have synced: each segment as long
+//! as its successor's header says it was sealed, the newest sealed segment
+//! and every group's term and vote as the state file records them, and the
+//! current segment at least as long as the highest claim of the progress
+//! file. A log that falls short is [`StorageError::LostSyncedData`], not a
+//! torn tail. The way back from either (the node leaves its groups, is wiped
+//! and rejoins as a new member that receives a snapshot and the log) is
+//! described in the crate documentation.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -72,9 +82,16 @@ use bytes::Bytes;
 use ferry_raft::{Entry, EntryPayload, GroupId, HardState, Index, PersistRequest, Term};
 
 use crate::cache::EntryCache;
-use crate::codec::{self, frame_record, read_frame, FrameRead, WalRecord, FRAME_HEADER_BYTES};
+use crate::codec::{
+    self, frame_record, read_frame, FrameRead, WalRecord, FRAME_HEADER_BYTES, WAL_FORMAT_VERSION,
+    WAL_FORMAT_VERSION_OLDEST,
+};
 use crate::disk::{Disk, DiskFile};
 use crate::error::{Result, StorageError};
+use crate::log_state::{
+    self, LogState, SealedSegment, SyncClaim, Vote, LOG_STATE_FILE, PROGRESS_BYTES_MAX,
+    SYNC_PROGRESS_FILE,
+};
 
 /// Tunables of the log.
 #[derive(Clone, Debug)]
@@ -245,6 +262,10 @@ pub struct WalRecovery {
     /// Groups whose last record in the log is their removal. Their snapshot
     /// files, if any survived, must be deleted (as [`crate::Storage::open`] does).
     pub removed_groups: BTreeSet<GroupId>,
+    /// The log was written by an older version (format 1) and had no state
+    /// file to vouch for what it had synced: it was accepted as it is, and
+    /// has one from now on (see [`crate::log_state`]).
+    pub upgraded_from_format_1: bool,
 }
 
 /// A sync covering everything written before it was prepared. Run
@@ -257,16 +278,44 @@ pub struct PendingSync<D: Disk> {
     dir: Option<PathBuf>,
     seqs: BTreeMap<GroupId, u64>,
     delete_below: u64,
+    /// The state file to write (in this directory), after a rotation.
+    state: Option<(PathBuf, LogState)>,
+    progress: ProgressClaim<D::File>,
+}
+
+/// The claim a sync appends to the progress file once it has completed.
+#[derive(Debug)]
+struct ProgressClaim<F> {
+    file: Arc<F>,
+    /// The framed [`SyncClaim`].
+    record: Vec<u8>,
+    /// Whether to sync the claim too: the first claim after the file was
+    /// (re)created, in the sync that makes the new names durable.
+    durable: bool,
 }
 
 impl<D: Disk> PendingSync<D> {
-    /// Syncs the files (and the directory, if a segment was created).
+    /// Syncs the files (and the directory, if a segment was created), then,
+    /// after a rotation, replaces the log state file, and records in the
+    /// progress file how far the current segment is synced.
     pub fn execute(&self) -> std::io::Result<()> {
         for f in &self.files {
             f.sync_data()?;
         }
         if let Some(dir) = &self.dir {
             self.disk.sync_dir(dir)?;
+        }
+        if let Some((dir, state)) = &self.state {
+            // Here rather than inline in the rotation, so that the thread
+            // taking appends does not wait for it.
+            log_state::write_state(&self.disk, dir, state)?;
+        }
+        // Only now is the claim true. It is not synced (that would be a
+        // second fdatasync per batch): if a crash loses it, recovery just
+        // knows less, never more, than what was durable.
+        self.progress.file.append(&self.progress.record)?;
+        if self.progress.durable {
+            self.progress.file.sync_data()?;
         }
         Ok(())
     }
@@ -293,6 +342,13 @@ pub struct Wal<D: Disk> {
     unsynced_seqs: BTreeMap<GroupId, u64>,
     sync_in_flight: bool,
     poisoned: Option<String>,
+    /// The sync progress file (see [`crate::log_state`]) and the bytes
+    /// appended to it since it was created.
+    progress: Arc<D::File>,
+    progress_bytes: u64,
+    /// The segment sealed by the latest rotation, until a sync has written
+    /// the state file that says so.
+    sealed_unrecorded: Option<SealedSegment>,
 }
 
 fn segment_name(seq: u64) -> String {
@@ -360,6 +416,9 @@ struct Replay<'a> {
     groups: BTreeMap<GroupId, ReplayGroup>,
     /// Groups whose last record is their removal.
     removed: BTreeSet<GroupId>,
+    /// Groups with a removal anywhere in the log (their term may start over
+    /// if they come back).
+    ever_removed: BTreeSet<GroupId>,
     path: &'a Path,
     segment: u64,
     first_segment: bool,
@@ -505,6 +564,7 @@ impl Replay<'_> {
             WalRecord::RemoveGroup { group } => {
                 self.groups.remove(&group);
                 self.removed.insert(group);
+                self.ever_removed.insert(group);
                 Ok(())
             }
         }
@@ -518,7 +578,10 @@ impl<D: Disk> Wal<D> {
     /// snapshot on disk: entries it covers are dropped, and a log that
     /// disagrees with it (a different term at its index) is discarded after
     /// it, as Raft requires. A group whose entries are missing and not
-    /// covered by a snapshot is [`StorageError::Corrupt`].
+    /// covered by a snapshot is [`StorageError::Corrupt`]. A log that ends
+    /// before what its state file and its progress file say was synced, or
+    /// that has lost its state file, is [`StorageError::LostSyncedData`]
+    /// (see [`crate::log_state`]); nothing on disk is changed then.
     pub fn open(
         disk: D,
         dir: &Path,
@@ -529,6 +592,8 @@ impl<D: Disk> Wal<D> {
         let names = disk
             .list_files(dir)
             .map_err(|e| StorageError::io("list directory", dir, e))?;
+        let state = log_state::read_state(&disk, dir, &names)?;
+        let claim = log_state::read_progress(&disk, dir, &names)?;
         let mut seqs: Vec<u64> = names.iter().filter_map(|n| parse_segment_name(n)).collect();
         seqs.sort_unstable();
         // Only the newest contiguous run of segments is the log: anything
@@ -536,7 +601,8 @@ impl<D: Disk> Wal<D> {
         // first segment after the gap holds a checkpoint of every group).
         let mut run_start = seqs.len();
         while run_start > 0
-            && (run_start == seqs.len() || seqs[run_start - 1] + 1 == seqs[run_start])
+            && (run_start == seqs.len()
+                || seqs[run_start - 1].checked_add(1) == Some(seqs[run_start]))
         {
             run_start -= 1;
         }
@@ -546,7 +612,8 @@ impl<D: Disk> Wal<D> {
         let mut report = WalRecovery::default();
         let mut replay_groups = BTreeMap::new();
         let mut removed = BTreeSet::new();
-        let mut segments = BTreeMap::new();
+        let mut ever_removed = BTreeSet::new();
+        let mut found = Vec::with_capacity(run.len());
         for (i, &seq) in run.iter().enumerate() {
             let path = dir.join(segment_name(seq));
             let is_last = i + 1 == run.len();
@@ -557,13 +624,16 @@ impl<D: Disk> Wal<D> {
             let mut replay = Replay {
                 groups: std::mem::take(&mut replay_groups),
                 removed: std::mem::take(&mut removed),
+                ever_removed: std::mem::take(&mut ever_removed),
                 path: &path,
                 segment: seq,
                 first_segment: i == 0,
             };
-            let valid_len = replay_segment(&mut replay, &buf, seq, is_last)?;
+            let (valid_len, header) =
+                replay_segment(&mut replay, &buf, seq, is_last, found.last())?;
             replay_groups = replay.groups;
             removed = replay.removed;
+            ever_removed = replay.ever_removed;
             report.segments_replayed += 1;
             report.bytes_replayed += valid_len as u64;
             if valid_len < buf.len() {
@@ -571,29 +641,24 @@ impl<D: Disk> Wal<D> {
                 report.truncated_bytes = (buf.len() - valid_len) as u64;
                 report.truncated_file = Some(path.clone());
             }
-            if is_last && valid_len == 0 {
-                // Not even its header survived: the segment never held data.
-                // Its number is reused below, so the run stays contiguous.
-                disk.remove_file(&path)
-                    .map_err(|e| StorageError::io("remove torn segment", &path, e))?;
-                disk.sync_dir(dir)
-                    .map_err(|e| StorageError::io("sync directory", dir, e))?;
-                continue;
-            }
-            if is_last {
-                // Cut the torn tail, if any, and make the last segment durable
-                // as it is (its tail may have been written but never synced)
-                // before a newer segment exists: only the last segment may
-                // ever have a torn tail.
-                disk.truncate_synced(&path, valid_len as u64)
-                    .map_err(|e| StorageError::io("truncate and sync last segment", &path, e))?;
-                // Its name, too, may never have been synced; what recovery
-                // reports must be durable.
-                disk.sync_dir(dir)
-                    .map_err(|e| StorageError::io("sync directory", dir, e))?;
-            }
-            segments.insert(seq, path);
+            found.push(FoundSegment {
+                seq,
+                path,
+                file_len: buf.len() as u64,
+                valid_len: valid_len as u64,
+                header,
+            });
         }
+        check_nothing_synced_is_missing(
+            dir,
+            state.as_ref(),
+            claim,
+            &found,
+            &replay_groups,
+            &ever_removed,
+            !snapshots.is_empty(),
+        )?;
+        report.upgraded_from_format_1 = state.is_none() && found.iter().any(|f| f.valid_len > 0);
 
         // Reconcile with the snapshots, then check that nothing is missing.
         let first_path = run
@@ -644,11 +709,73 @@ impl<D: Disk> Wal<D> {
             }
         }
 
+        // Everything checked: only now change the disk.
+        let mut segments = BTreeMap::new();
+        for (i, f) in found.iter().enumerate() {
+            let is_last = i + 1 == found.len();
+            if is_last && f.valid_len == 0 {
+                // Not even its header survived: the segment never held data
+                // (nothing vouches for it, or the check above would have
+                // refused). Its number is reused below, so the run stays
+                // contiguous.
+                disk.remove_file(&f.path)
+                    .map_err(|e| StorageError::io("remove torn segment", &f.path, e))?;
+                disk.sync_dir(dir)
+                    .map_err(|e| StorageError::io("sync directory", dir, e))?;
+                continue;
+            }
+            if is_last {
+                // Cut the torn tail, if any, and make the last segment durable
+                // as it is (its tail may have been written but never synced)
+                // before a newer segment exists: only the last segment may
+                // ever have a torn tail.
+                disk.truncate_synced(&f.path, f.valid_len)
+                    .map_err(|e| StorageError::io("truncate and sync last segment", &f.path, e))?;
+                // Its name, too, may never have been synced; what recovery
+                // reports must be durable.
+                disk.sync_dir(dir)
+                    .map_err(|e| StorageError::io("sync directory", dir, e))?;
+            }
+            segments.insert(f.seq, f.path.clone());
+        }
+
         report.removed_groups = removed;
-        let next_seq = match segments.keys().next_back() {
-            Some(last) => last + 1,
+        let next_seq = match segments.iter().next_back() {
+            Some((last, path)) => last.checked_add(1).ok_or_else(|| {
+                StorageError::corrupt(path, 0, "no segment number is left after this one")
+            })?,
             None => run.last().copied().unwrap_or(1),
         };
+        // The newest segment with data is sealed from now on, at the length
+        // it has now; the state file says so (and holds every group's vote)
+        // before the next segment exists.
+        let sealed = segments.keys().next_back().and_then(|seq| {
+            found.iter().find(|f| f.seq == *seq).map(|f| SealedSegment {
+                segment: f.seq,
+                len: f.valid_len,
+            })
+        });
+        let votes = replay_groups
+            .iter()
+            .map(|(id, g)| (*id, g.hard_state))
+            .filter_map(vote_worth_keeping)
+            .collect();
+        // Before the new segment exists: a segment in the current format
+        // without a state file is refused as one that lost it.
+        log_state::write_state(
+            &disk,
+            dir,
+            &LogState {
+                next_segment: next_seq,
+                sealed,
+                votes,
+            },
+        )
+        .map_err(|e| StorageError::io("write log state", dir.join(LOG_STATE_FILE), e))?;
+        let progress_path = dir.join(SYNC_PROGRESS_FILE);
+        let progress = disk
+            .create(&progress_path)
+            .map_err(|e| StorageError::io("create sync progress file", &progress_path, e))?;
         let path = dir.join(segment_name(next_seq));
         let file = disk
             .create(&path)
@@ -669,10 +796,15 @@ impl<D: Disk> Wal<D> {
                 dirty: true,
             },
             touched: Vec::new(),
+            // The new segment's name and the new progress file's are made
+            // durable by the first sync.
             dir_dirty: true,
             unsynced_seqs: BTreeMap::new(),
             sync_in_flight: false,
             poisoned: None,
+            progress: Arc::new(progress),
+            progress_bytes: 0,
+            sealed_unrecorded: None,
         };
         for (id, g) in replay_groups {
             let mut group = Group::new(&wal.options);
@@ -697,7 +829,7 @@ impl<D: Disk> Wal<D> {
             );
             wal.groups.insert(id, group);
         }
-        wal.write_segment_start()?;
+        wal.write_segment_start(sealed.map(|s| s.len))?;
         for seq in stale {
             let path = dir.join(segment_name(seq));
             disk.remove_file(&path)
@@ -721,14 +853,18 @@ impl<D: Disk> Wal<D> {
         Err(err)
     }
 
-    /// Writes the header and a checkpoint of every group to the (empty) current segment.
-    fn write_segment_start(&mut self) -> Result<()> {
+    /// Writes the header and a checkpoint of every group to the (empty)
+    /// current segment. `previous_len` is the length the previous segment
+    /// is sealed at, if there is one.
+    fn write_segment_start(&mut self, previous_len: Option<u64>) -> Result<()> {
         debug_assert_eq!(self.current.len(), 0);
         let mut buf = std::mem::take(&mut self.current.buffer);
         frame_record(
             &mut buf,
             &WalRecord::SegmentHeader {
                 segment: self.current.seq,
+                version: WAL_FORMAT_VERSION,
+                previous_len,
             },
         );
         for (id, g) in &self.groups {
@@ -777,7 +913,23 @@ impl<D: Disk> Wal<D> {
             let err = StorageError::io("sync segment", &self.current.path, e);
             return self.poison(err);
         }
-        let seq = self.current.seq + 1;
+        let Some(seq) = self.current.seq.checked_add(1) else {
+            let err = StorageError::corrupt(
+                &self.current.path,
+                0,
+                "no segment number is left after this one",
+            );
+            return self.poison(err);
+        };
+        // The next sync records durably that the old segment is sealed at
+        // this length (see `prepare_sync`). Until then, recovery knows it
+        // from the new segment's header and from the old state file and
+        // claims, which vouch for less but never for more.
+        let sealed = SealedSegment {
+            segment: self.current.seq,
+            len: self.current.len(),
+        };
+        self.sealed_unrecorded = Some(sealed);
         let path = self.dir.join(segment_name(seq));
         let file = match self.disk.create(&path) {
             Ok(f) => Arc::new(f),
@@ -802,7 +954,43 @@ impl<D: Disk> Wal<D> {
         }
         self.segments.insert(seq, path);
         self.dir_dirty = true;
-        self.write_segment_start()
+        self.write_segment_start(Some(sealed.len))
+    }
+
+    /// The state file's content for a log whose next segment is `next`.
+    /// Every group's vote as the log holds it: written only once all of it
+    /// is synced.
+    fn log_state(&self, next: u64, sealed: Option<SealedSegment>) -> LogState {
+        LogState {
+            next_segment: next,
+            sealed,
+            votes: self
+                .groups
+                .iter()
+                .map(|(id, g)| (*id, g.hard_state))
+                .filter_map(vote_worth_keeping)
+                .collect(),
+        }
+    }
+
+    /// Starts the progress file afresh. Its name is made durable by the
+    /// next sync, which also syncs its first claim (see [`ProgressClaim`]).
+    /// Only while no sync is in flight: the sync appends to the file.
+    fn reset_progress(&mut self) -> Result<()> {
+        debug_assert!(!self.sync_in_flight);
+        let path = self.dir.join(SYNC_PROGRESS_FILE);
+        match self.disk.create(&path) {
+            Ok(f) => {
+                self.progress = Arc::new(f);
+                self.progress_bytes = 0;
+                self.dir_dirty = true;
+                Ok(())
+            }
+            Err(e) => {
+                let err = StorageError::io("create sync progress file", &path, e);
+                self.poison(err)
+            }
+        }
     }
 
     /// Writes one record; returns where it starts.
@@ -970,6 +1158,31 @@ impl<D: Disk> Wal<D> {
         if !self.current.dirty && self.touched.is_empty() && !self.dir_dirty {
             return Ok(None);
         }
+        if self.progress_bytes >= PROGRESS_BYTES_MAX {
+            self.reset_progress()?;
+        }
+        // Once this sync completes, the current segment is synced through
+        // everything handed to its file so far.
+        let record = SyncClaim {
+            segment: self.current.seq,
+            len: self.current.flushed_len,
+        }
+        .encode();
+        self.progress_bytes = self.progress_bytes.saturating_add(record.len() as u64);
+        let progress = ProgressClaim {
+            file: self.progress.clone(),
+            record,
+            durable: self.dir_dirty,
+        };
+        // After a rotation: the sealed segment (synced in the rotation) and
+        // every group's vote as of now (synced by this sync), recorded once
+        // this sync is done.
+        let state = self.sealed_unrecorded.take().map(|sealed| {
+            (
+                self.dir.clone(),
+                self.log_state(self.current.seq, Some(sealed)),
+            )
+        });
         let mut files = std::mem::take(&mut self.touched);
         if self.current.dirty {
             files.push(self.current.file.clone());
@@ -986,6 +1199,8 @@ impl<D: Disk> Wal<D> {
             dir: self.dir_dirty.then(|| self.dir.clone()),
             seqs: std::mem::take(&mut self.unsynced_seqs),
             delete_below: oldest_live.min(self.current.seq),
+            state,
+            progress,
         };
         self.current.dirty = false;
         self.dir_dirty = false;
@@ -1222,10 +1437,23 @@ fn valid_record_after(buf: &[u8], from: usize) -> Option<usize> {
     })
 }
 
+/// What a segment's header says: its format version and the length its
+/// predecessor was sealed at.
+type HeaderInfo = (u32, Option<u64>);
+
 /// Replays one segment; returns the length of its valid prefix (shorter
-/// than the buffer only for a torn tail of the last segment).
-fn replay_segment(replay: &mut Replay<'_>, data: &Bytes, seq: u64, is_last: bool) -> Result<usize> {
+/// than the buffer only for a torn tail of the last segment) and what its
+/// header says (`None` if not even the header is valid). `previous` is the
+/// segment before it, as replayed: the header says how long it must be.
+fn replay_segment(
+    replay: &mut Replay<'_>,
+    data: &Bytes,
+    seq: u64,
+    is_last: bool,
+    previous: Option<&FoundSegment>,
+) -> Result<(usize, Option<HeaderInfo>)> {
     let buf: &[u8] = data;
+    let mut header = None;
     if buf.is_empty() && !is_last {
         return Err(replay.corrupt(0, "segment is empty: its header is missing"));
     }
@@ -1242,7 +1470,7 @@ fn replay_segment(replay: &mut Replay<'_>, data: &Bytes, seq: u64, is_last: bool
                 // silently lose acknowledged writes.
                 let torn = is_last && valid_record_after(buf, at + 1).is_none();
                 if torn {
-                    return Ok(at);
+                    return Ok((at, header));
                 }
                 let reason = match bad {
                     FrameRead::Incomplete => "segment ends inside a record".to_string(),
@@ -1257,7 +1485,19 @@ fn replay_segment(replay: &mut Replay<'_>, data: &Bytes, seq: u64, is_last: bool
             .map_err(|e| replay.corrupt(at as u64, e.to_string()))?;
         if at == 0 {
             match record {
-                WalRecord::SegmentHeader { segment } if segment == seq => {}
+                WalRecord::SegmentHeader {
+                    segment,
+                    version,
+                    previous_len,
+                } if segment == seq => {
+                    // Before any of this segment's records is applied: a
+                    // shorter predecessor would otherwise surface as a
+                    // confusing mismatch in the checkpoints that follow.
+                    if let (Some(sealed_len), Some(prev)) = (previous_len, previous) {
+                        check_sealed_length(prev, sealed_len, seq)?;
+                    }
+                    header = Some((version, previous_len));
+                }
                 other => {
                     return Err(replay.corrupt(
                         0,
@@ -1270,5 +1510,181 @@ fn replay_segment(replay: &mut Replay<'_>, data: &Bytes, seq: u64, is_last: bool
         }
         at = end;
     }
-    Ok(at)
+    Ok((at, header))
+}
+
+/// One segment of the log as recovery found it.
+#[derive(Debug)]
+struct FoundSegment {
+    seq: u64,
+    path: PathBuf,
+    file_len: u64,
+    /// The length of its valid prefix.
+    valid_len: u64,
+    header: Option<HeaderInfo>,
+}
+
+impl FoundSegment {
+    fn describe(&self) -> String {
+        if self.valid_len == self.file_len {
+            format!("{} bytes", self.valid_len)
+        } else {
+            format!(
+                "{} bytes of valid records (the file has {})",
+                self.valid_len, self.file_len
+            )
+        }
+    }
+}
+
+/// Checks that `prev`, the segment before segment `seq`, is as long as
+/// `seq`'s header says it was when it was sealed.
+fn check_sealed_length(prev: &FoundSegment, sealed_len: u64, seq: u64) -> Result<()> {
+    if prev.valid_len < sealed_len {
+        return Err(StorageError::lost(
+            &prev.path,
+            format!("{sealed_len} bytes (its length when it was sealed, as segment {seq} records)"),
+            prev.describe(),
+        ));
+    }
+    if prev.valid_len > sealed_len {
+        return Err(StorageError::corrupt(
+            &prev.path,
+            sealed_len,
+            format!(
+                "the segment goes on past {sealed_len} bytes, its length when it was sealed \
+                 (as segment {seq} records)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A group's vote, if it has one worth recording in the state file.
+fn vote_worth_keeping((group, hs): (GroupId, HardState)) -> Option<(GroupId, Vote)> {
+    (hs.term > 0 || hs.vote.is_some()).then_some((
+        group,
+        Vote {
+            term: hs.term,
+            vote: hs.vote,
+        },
+    ))
+}
+
+/// Refuses a log that ends before what it is known to have synced (see the
+/// crate documentation, "Knowing what was synced"): the state file vouches
+/// for the newest sealed segment and every group's vote, the progress file
+/// for the current segment (each segment's header vouches for its
+/// predecessor's length; replay checks that). Runs before recovery changes
+/// anything, so a refused directory is left as it was found.
+fn check_nothing_synced_is_missing(
+    dir: &Path,
+    state: Option<&LogState>,
+    claim: Option<SyncClaim>,
+    found: &[FoundSegment],
+    groups: &BTreeMap<GroupId, ReplayGroup>,
+    ever_removed: &BTreeSet<GroupId>,
+    has_snapshots: bool,
+) -> Result<()> {
+    let Some(state) = state else {
+        // No state file: a new directory, or a log from before state files
+        // existed (format 1), which is accepted as it is. A log in a newer
+        // format always has one, written before its first segment.
+        if let Some((version, _)) = found
+            .iter()
+            .filter_map(|f| f.header)
+            .find(|(version, _)| *version > WAL_FORMAT_VERSION_OLDEST)
+        {
+            return Err(StorageError::lost(
+                dir.join(LOG_STATE_FILE),
+                format!("the log state file, which every log in format {version} has"),
+                "no such file",
+            ));
+        }
+        if has_snapshots && found.iter().all(|f| f.valid_len == 0) {
+            return Err(StorageError::lost(
+                dir,
+                "log segments (this node has snapshots, so it had a log)",
+                "no segment with data and no log state file",
+            ));
+        }
+        return Ok(());
+    };
+    let find = |seq: u64| found.iter().find(|f| f.seq == seq);
+    // Claims about older segments are superseded by the state file (those
+    // segments are sealed, and may since have been deleted).
+    if let Some(c) = claim.filter(|c| c.segment >= state.next_segment && c.len > 0) {
+        match find(c.segment) {
+            Some(f) if f.valid_len >= c.len => {}
+            Some(f) => {
+                return Err(StorageError::lost(
+                    &f.path,
+                    format!("{} bytes synced", c.len),
+                    f.describe(),
+                ))
+            }
+            None => {
+                return Err(StorageError::lost(
+                    dir.join(segment_name(c.segment)),
+                    format!("the segment, synced through byte {}", c.len),
+                    "no such file",
+                ))
+            }
+        }
+    }
+    if let Some(s) = state.sealed {
+        match find(s.segment) {
+            Some(f) if f.valid_len >= s.len => {}
+            Some(f) => {
+                return Err(StorageError::lost(
+                    &f.path,
+                    format!("{} bytes (its length when it was sealed)", s.len),
+                    f.describe(),
+                ))
+            }
+            // A sealed segment is deleted once no group needs it, which is
+            // only after a newer one with a checkpoint of every group was
+            // synced.
+            None if found.iter().any(|f| f.seq > s.segment && f.valid_len > 0) => {}
+            None => {
+                return Err(StorageError::lost(
+                    dir.join(segment_name(s.segment)),
+                    format!("the segment, sealed at {} bytes", s.len),
+                    "no such file",
+                ))
+            }
+        }
+    }
+    let newest = found
+        .iter()
+        .rev()
+        .find(|f| f.valid_len > 0)
+        .map_or_else(|| dir.to_path_buf(), |f| f.path.clone());
+    for (group, synced) in &state.votes {
+        if ever_removed.contains(group) {
+            // Removed and perhaps added back since: its term may start over.
+            continue;
+        }
+        let now = groups.get(group).map(|g| Vote {
+            term: g.hard_state.term,
+            vote: g.hard_state.vote,
+        });
+        match now {
+            Some(now) if synced.is_covered_by(&now) => {}
+            now => {
+                return Err(StorageError::lost(
+                    &newest,
+                    format!(
+                        "group {group} at term {} with vote {:?}",
+                        synced.term, synced.vote
+                    ),
+                    match now {
+                        None => format!("no state for group {group}"),
+                        Some(now) => format!("term {} with vote {:?}", now.term, now.vote),
+                    },
+                ))
+            }
+        }
+    }
+    Ok(())
 }

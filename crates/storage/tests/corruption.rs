@@ -1,6 +1,7 @@
 //! A corruption test for each kind of file: the middle of a segment, the
-//! tail of a sealed segment, the tail of the last segment, a missing
-//! segment, and snapshots (data block, header, trailer). Plus a seeded sweep
+//! tail of a sealed segment, the tail of the last segment (vouched for by a
+//! surviving sync claim, or not), a missing segment, and snapshots (data
+//! block, header, trailer). Plus a seeded sweep
 //! of random sector damage: storage either refuses to start with a typed
 //! error, or recovers exactly the right state; it never serves wrong data.
 
@@ -75,6 +76,7 @@ fn segments(disk: &SimDisk) -> Vec<PathBuf> {
     disk.list_files(&wal)
         .unwrap()
         .into_iter()
+        .filter(|n| n.ends_with(".seg"))
         .map(|n| wal.join(n))
         .collect()
 }
@@ -146,11 +148,12 @@ fn sealed_segment_tail() {
 }
 
 #[test]
-fn last_segment_tail_is_cut_and_reported() {
+fn last_segment_tail_is_lost_synced_data_when_a_claim_vouches_for_it() {
     let disk = SimDisk::with_seed(3);
-    let model = populate(&disk);
-    // Append one more synced record, then damage it: indistinguishable from a
-    // torn write, so it is cut and the cut is reported (documented limit).
+    populate(&disk);
+    // Append one more synced record, then damage it. The first sync after
+    // an open syncs its claim in the progress file, so the claim survives
+    // the power loss and the damage is not taken for a torn write.
     let (mut s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
     let last = s.wal.last_index(2).unwrap();
     s.wal
@@ -164,6 +167,40 @@ fn last_segment_tail_is_cut_and_reported() {
         )
         .unwrap();
     s.wal.sync().unwrap();
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let segs = segments(&disk);
+    let seg = segs.last().unwrap();
+    let len = disk.file_len(seg).unwrap();
+    disk.corrupt_byte(seg, len - 3);
+    match Storage::open(disk.clone(), &dir(), options()) {
+        Err(StorageError::LostSyncedData { path, .. }) => assert_eq!(&path, seg),
+        other => panic!("expected lost synced data, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn last_segment_tail_is_cut_and_reported_when_its_claim_was_lost() {
+    let disk = SimDisk::with_seed(3);
+    let mut model = populate(&disk);
+    // Two synced batches; only the first batch's claim is synced, so after
+    // the power loss nothing vouches for the second. Damage to it is then
+    // indistinguishable from a torn write: it is cut and the cut is
+    // reported (the documented limit).
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+    for k in 0..2 {
+        let last = s.wal.last_index(2).unwrap();
+        let r = PersistRequest {
+            seq: 99 + k,
+            hard_state: None,
+            entries: vec![entry(last + 1, 12, 2)],
+        };
+        s.wal.append(2, &r).unwrap();
+        s.wal.sync().unwrap();
+        if k == 0 {
+            model.get_mut(&2).unwrap().persist(&r);
+        }
+    }
     drop(s);
     disk.crash(CrashMode::LoseUnsynced);
     let segs = segments(&disk);
@@ -275,16 +312,18 @@ fn random_sector_damage_never_yields_wrong_data() {
             panic!("nothing to corrupt");
         };
         match Storage::open(disk.clone(), &dir(), options()) {
-            Err(StorageError::Corrupt { .. }) => refused += 1,
+            Err(StorageError::Corrupt { .. } | StorageError::LostSyncedData { .. }) => refused += 1,
             Err(other) => panic!(
                 "seed {seed}: {}#{sector}: unexpected error {other}",
                 path.display()
             ),
             Ok((s, report)) => {
                 if report.wal.truncated_bytes > 0 {
-                    // Damage in the last sector of the last segment, which
-                    // also holds the sync mark that would vouch for the
-                    // round before: at most the last two rounds are cut.
+                    // Damage in the last sector of the last segment, past
+                    // what the surviving claims vouch for (after the power
+                    // loss, only the claims of the first sync after an open
+                    // or a rotation are durable): at most the last two
+                    // rounds are cut.
                     let len = disk.file_len(&path).unwrap();
                     assert!(
                         sector * 512 + 512 >= len,

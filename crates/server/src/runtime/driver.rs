@@ -184,13 +184,24 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         dir: config.data_dir.display().to_string(),
         source,
     };
+    // A log that lost data it had synced (`StorageError::LostSyncedData`)
+    // is refused here like corruption: the node must not start, least of
+    // all as a voter, and the error's message names the way back.
     let (storage, report) =
         Storage::open(FsDisk, &config.data_dir, WalOptions::default()).map_err(storage_error)?;
     if report.wal.truncated_bytes > 0 {
         tracing::warn!(
             bytes = report.wal.truncated_bytes,
             file = ?report.wal.truncated_file,
-            "cut a torn write from the end of the log (the node stopped while writing)"
+            "cut a torn write from the end of the log (the node stopped while writing; \
+             nothing the log knew to be synced was cut)"
+        );
+    }
+    if report.wal.upgraded_from_format_1 {
+        tracing::info!(
+            data = %config.data_dir.display(),
+            "the log was written by an older version without a log state file: accepted as \
+             it is, and given one"
         );
     }
     // A joining node founds nothing: it starts with an empty configuration
@@ -1522,5 +1533,66 @@ mod tests {
         sync(&mut h.driver);
         assert_eq!(h.driver.state.lock().kv(), &good);
         assert_eq!(h.driver.node.applied_index(), 30);
+    }
+
+    #[tokio::test]
+    async fn a_node_whose_log_lost_synced_data_refuses_to_start() {
+        let dir = std::env::temp_dir().join(format!("ferry-driver-lost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The node voted in term 4, durably.
+        {
+            let (mut storage, _) = Storage::open(FsDisk, &dir, WalOptions::default()).unwrap();
+            let vote = ferry_raft::PersistRequest {
+                seq: 1,
+                hard_state: Some(ferry_raft::HardState {
+                    term: 4,
+                    vote: Some(2),
+                    commit: 0,
+                }),
+                entries: Vec::new(),
+            };
+            storage.wal.append(KV_GROUP, &vote).unwrap();
+            storage.wal.sync().unwrap();
+        }
+        // Its only segment is lost.
+        let wal = dir.join("wal");
+        for entry in std::fs::read_dir(&wal).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "seg") {
+                std::fs::remove_file(path).unwrap();
+            }
+        }
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let members = BTreeMap::from([(
+            1,
+            crate::runtime::MemberAddrs {
+                name: "n1".into(),
+                peer_addr: "127.0.0.1:9".into(),
+                client_url: String::new(),
+            },
+        )]);
+        let config = NodeConfig::new(1, dir.clone(), local, local, members);
+        let error = match start_node(config).await {
+            Err(error) => error,
+            Ok(node) => {
+                node.shutdown().await;
+                panic!("a node that forgot its vote started");
+            }
+        };
+        assert!(
+            matches!(
+                &error,
+                StartError::Storage {
+                    source: StorageError::LostSyncedData { .. },
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("must not start as a voter"), "{text}");
+        assert!(text.contains("new learner"), "{text}");
+        assert!(text.contains("When the disk lies: the way back"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -195,7 +195,10 @@ impl Simulation {
     pub(super) fn storage_failed(&mut self, id: NodeId, error: StorageError) {
         match &error {
             // What a disk can do to the storage.
-            StorageError::Io { .. } | StorageError::Corrupt { .. } | StorageError::Poisoned(_) => {}
+            StorageError::Io { .. }
+            | StorageError::Corrupt { .. }
+            | StorageError::LostSyncedData { .. }
+            | StorageError::Poisoned(_) => {}
             // A request the storage refused: a bug in this runtime (or in the
             // storage), not a disk fault; it must not pass for one.
             StorageError::InvalidRequest { .. }

@@ -24,6 +24,11 @@ pub trait Backend {
     /// nothing (the page cache survives a process restart); for the
     /// simulated one, a crash that loses everything unsynced.
     fn restart(&self);
+    /// A restart after which everything written survives, synced or not
+    /// (for the real disk, a process restart; for the simulated one, a
+    /// crash that keeps every write), so that a test can tear an unsynced
+    /// write itself.
+    fn restart_keeping_written(&self);
     /// Flips the bits of one byte.
     fn corrupt_byte(&self, path: &Path, offset: u64);
     fn file_len(&self, path: &Path) -> u64 {
@@ -58,6 +63,7 @@ impl Backend for FsBackend {
         self.dir.clone()
     }
     fn restart(&self) {}
+    fn restart_keeping_written(&self) {}
     fn corrupt_byte(&self, path: &Path, offset: u64) {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new()
@@ -95,6 +101,9 @@ impl Backend for SimBackend {
     }
     fn restart(&self) {
         self.disk.crash(CrashMode::LoseUnsynced);
+    }
+    fn restart_keeping_written(&self) {
+        self.disk.crash(CrashMode::KeepWritten);
     }
     fn corrupt_byte(&self, path: &Path, offset: u64) {
         assert!(self.disk.corrupt_byte(path, offset));
