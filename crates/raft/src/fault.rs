@@ -97,6 +97,12 @@ pub enum Fault {
         match_index: Index,
         /// Its last index now, or where its log may first differ.
         last_index: Index,
+        /// Shown by an answer sent after the follower acknowledged (a
+        /// heartbeat round begun later): certain. `false` when a rejection
+        /// of the probe showed it, which a late duplicate of a rejection
+        /// sent before the acknowledgement can also do (the leader then only
+        /// spends one more probe round).
+        certain: bool,
     },
 }
 

@@ -461,8 +461,15 @@ impl RaftNode {
                     // older copy replaced it (one longer than ours is not
                     // seen in its last index). Forget the match and
                     // backtrack as for any rejection. A late duplicate of
-                    // an old rejection can look the same, so this is not
-                    // reported as a fault: it costs one more probe round.
+                    // an old rejection can look the same: reported as not
+                    // certain, and it costs only one more probe round.
+                    let fault = Fault::FollowerLogWentBack {
+                        peer: from,
+                        match_index: progress.match_index,
+                        last_index: hint_index,
+                        certain: false,
+                    };
+                    actions.push(Action::Fault(fault));
                     let next = progress.next_index;
                     progress.forget_match(hint_index);
                     progress.next_index = next;
@@ -541,6 +548,7 @@ impl RaftNode {
                 peer: from,
                 match_index: progress.match_index,
                 last_index: follower_last_index,
+                certain: true,
             };
             actions.push(Action::Fault(fault));
             progress.forget_match(follower_last_index.min(last));

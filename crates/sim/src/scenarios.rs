@@ -15,6 +15,15 @@
 //!   being compacted, gets a snapshot; the report of the install is lost,
 //!   so the leader sends the snapshot again, which the follower reports
 //!   stale; the leader must go on replicating and the follower catch up.
+//!
+//! And one Byzantine-lite fault, beyond the reports:
+//!
+//! - `stale-data-directory`: a follower's data directory is replaced by an
+//!   older copy while it is down (a backup restored). Its log went
+//!   backwards below what it had acknowledged: the leader must notice
+//!   (its heartbeat answers show the shorter log), the follower must refuse
+//!   the commit index beyond its log rather than clamp it, and it must
+//!   catch up, with every check still holding.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -35,6 +44,7 @@ pub const SCENARIOS: &[&str] = &[
     "snapshot-requests",
     "lost-leader-announcement",
     "stale-snapshot-hint-zero",
+    "stale-data-directory",
 ];
 
 /// What a scenario run found.
@@ -84,6 +94,7 @@ pub fn run_scenario(
             "snapshot-requests" => snapshot_requests,
             "lost-leader-announcement" => lost_leader_announcement,
             "stale-snapshot-hint-zero" => stale_snapshot_hint_zero,
+            "stale-data-directory" => stale_data_directory,
             _ => {
                 return Err(UnknownScenario {
                     name: name.to_string(),
@@ -93,6 +104,7 @@ pub fn run_scenario(
     let mut config = match name {
         "snapshot-requests" => snapshot_requests_config(),
         "lost-leader-announcement" => lost_leader_announcement_config(),
+        "stale-data-directory" => stale_data_directory_config(),
         _ => stale_snapshot_hint_zero_config(),
     };
     config.trace = options.trace;
@@ -550,6 +562,78 @@ fn stale_snapshot_hint_zero(
     ));
     if !sim.run_liveness() {
         return Err("the cluster did not converge".to_string());
+    }
+    Ok(())
+}
+
+fn stale_data_directory_config() -> SimConfig {
+    let mut config = SimConfig::quiet(7, 3);
+    config.snapshot_every_entries = 1_000;
+    config
+}
+
+fn stale_data_directory(
+    sim: &mut Simulation,
+    notes: &mut Vec<String>,
+    _options: ScenarioOptions,
+) -> Result<(), String> {
+    let leader = wait_for_leader(sim)?;
+    let follower = sim
+        .config()
+        .voter_ids()
+        .into_iter()
+        .find(|&n| n != leader)
+        .ok_or("no follower")?;
+    write_through(sim, leader, 5, 100)?;
+    let settled = sim.run_until_true(100 * TICK_US, TICK_US, |s| {
+        s.engine(follower).map(|e| e.commit_index()) == s.engine(leader).map(|e| e.commit_index())
+    });
+    if !settled {
+        return Err("the follower did not catch up before the backup".into());
+    }
+    let backup = sim
+        .copy_disk(follower)
+        .ok_or("the scenario needs the storage model")?;
+    let backed_up = backup.synced().last_index();
+    write_through(sim, leader, 10, 200)?;
+    sim.crash_node(follower);
+    if !sim.restore_stale_disk(follower, backup) {
+        return Err("could not restore the older copy".into());
+    }
+    if !sim.restart_node(follower) {
+        return Err("the follower did not restart".into());
+    }
+    let restored_last = sim.engine(follower).map_or(0, |e| e.last_index());
+    notes.push(format!(
+        "node {follower} restarted on a copy ending at {restored_last} (backed up at {backed_up}); the leader had committed {}",
+        sim.engine(leader).map_or(0, |e| e.commit_index())
+    ));
+    let target = sim.engine(leader).map_or(0, |e| e.last_index());
+    let caught_up = sim.run_until_true(100 * TICK_US, TICK_US, |s| {
+        s.engine(follower)
+            .is_some_and(|e| e.last_index() >= target && e.applied_index() >= target)
+    });
+    if !caught_up {
+        return Err(format!(
+            "node {follower}, restored from an older copy, never caught up to {target}"
+        ));
+    }
+    let leader_noticed = sim.faults_seen().iter().any(|(id, f)| {
+        *id == leader
+            && matches!(f, ferry_raft::Fault::FollowerLogWentBack { peer, .. } if *peer == follower)
+    });
+    let follower_refused = sim
+        .faults_seen()
+        .iter()
+        .any(|(id, f)| *id == follower && matches!(f, ferry_raft::Fault::CommitBeyondLog { .. }));
+    notes.push(format!(
+        "detected: the leader saw the log go back: {leader_noticed}; the follower refused a commit beyond its log: {follower_refused}"
+    ));
+    if !leader_noticed || !follower_refused {
+        return Err("the stale copy was not detected on both sides".into());
+    }
+    if !sim.run_liveness() {
+        return Err("no convergence after the restore".into());
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! The three field reports as scenarios: each must reach its situation and
-//! show the correct outcome.
+//! The three field reports as scenarios, and a restored stale data
+//! directory: each must reach its situation and show the correct outcome.
 
 use ferry_sim::scenarios::{run_scenario, ScenarioOptions, SCENARIOS};
 
@@ -42,6 +42,13 @@ fn lost_leader_announcement() {
 #[test]
 fn stale_snapshot_hint_zero() {
     assert_passes("stale-snapshot-hint-zero");
+}
+
+/// Byzantine-lite: an older copy of a follower's data directory restored.
+/// Both sides detect the log that went backwards, and it catches up.
+#[test]
+fn stale_data_directory() {
+    assert_passes("stale-data-directory");
 }
 
 /// With the runtime's connection events taken away (nothing re-sends what

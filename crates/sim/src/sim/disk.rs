@@ -39,6 +39,43 @@ impl Simulation {
         self.crash(id);
     }
 
+    /// A copy of a node's disk as it is now (what a backup of its data
+    /// directory would hold), on the storage model (`None` in runs on the
+    /// real storage).
+    pub fn copy_disk(&self, id: NodeId) -> Option<DiskModel> {
+        let node = self.nodes.get(&id)?;
+        node.real.is_none().then(|| node.disk.clone())
+    }
+
+    /// Byzantine-lite: an operator restores an older copy of a stopped
+    /// node's data directory. What the node promised since is void, so its
+    /// restart is not held to it; from now on the faults the engines detect
+    /// are recorded ([`Simulation::faults_seen`]) instead of failing the run,
+    /// and the scenario decides what must have been detected. Safety,
+    /// linearizability and liveness are still checked.
+    pub fn restore_stale_disk(&mut self, id: NodeId, mut disk: DiskModel) -> bool {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return false;
+        };
+        if node.running() || node.real.is_some() {
+            return false;
+        }
+        disk.crash();
+        node.disk = disk;
+        node.restart_check = None;
+        self.faults_seen.get_or_insert_with(Vec::new);
+        self.log(
+            Some(id),
+            "SCENARIO: an older copy of its data directory was restored",
+        );
+        true
+    }
+
+    /// The faults detected since a scenario allowed them.
+    pub fn faults_seen(&self) -> &[(NodeId, ferry_raft::Fault)] {
+        self.faults_seen.as_deref().unwrap_or(&[])
+    }
+
     /// Restarts a stopped node from its disk. Returns whether it runs.
     pub fn restart_node(&mut self, id: NodeId) -> bool {
         self.start_node(id);

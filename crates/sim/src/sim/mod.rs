@@ -307,6 +307,9 @@ pub struct Simulation {
     liveness_started_us: u64,
     converged_after_us: Option<u64>,
     repair: Option<disk::Repair>,
+    /// Faults the engines reported, when a scenario made a node faulty on
+    /// purpose (see `restore_stale_disk`); otherwise any fault fails the run.
+    faults_seen: Option<Vec<(NodeId, ferry_raft::Fault)>>,
 }
 
 fn retryable(error: &RequestError) -> bool {
@@ -509,6 +512,7 @@ impl Simulation {
             liveness_started_us: 0,
             converged_after_us: None,
             repair: None,
+            faults_seen: None,
         };
         if sim.config.disk.real {
             sim.coverage.hit(Counter::RealStorageRun);
@@ -1163,6 +1167,22 @@ impl Simulation {
                 }
             }
             Action::Fault(fault) => {
+                if let ferry_raft::Fault::FollowerLogWentBack { certain: false, .. } = fault {
+                    // A late duplicate of an old rejection looks the same;
+                    // the network here duplicates and delays messages.
+                    self.log(Some(id), &format!("possible fault: {fault}"));
+                    if let Some(seen) = self.faults_seen.as_mut() {
+                        seen.push((id, fault));
+                    }
+                    return;
+                }
+                if self.faults_seen.is_some() {
+                    self.log(Some(id), &format!("fault detected: {fault}"));
+                    if let Some(seen) = self.faults_seen.as_mut() {
+                        seen.push((id, fault));
+                    }
+                    return;
+                }
                 // No node here is faulty or hostile: any detected fault means
                 // the engine, the storage or this runtime broke an assumption.
                 self.fail(
