@@ -424,7 +424,10 @@ fn a_segment_that_cannot_be_created_for_lack_of_descriptors_or_space_is_waited_o
         assert_eq!(s.wal.segment_count(), segments);
         let deferred = s.wal.rotation_deferred().expect("the rotation is reported");
         assert!(deferred.is_transient(), "{deferred}");
-        assert!(deferred.to_string().contains("create segment"), "{deferred}");
+        assert!(
+            deferred.to_string().contains("create segment"),
+            "{deferred}"
+        );
         // The shortage ends: the next attempt starts a new segment.
         disk.fail_next_creates(0, errno);
         for seq in 41..=60 {

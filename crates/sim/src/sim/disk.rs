@@ -194,8 +194,13 @@ impl Simulation {
     /// and is restarted later on what its disk holds.
     pub(super) fn storage_failed(&mut self, id: NodeId, error: StorageError) {
         match &error {
-            // What a disk can do to the storage.
-            StorageError::Io { .. } | StorageError::Corrupt { .. } | StorageError::Poisoned(_) => {}
+            // What a disk can do to the storage. (The simulated disk runs
+            // out of neither descriptors nor space, so `Unavailable` does
+            // not come up; if it did, it is the disk's doing too.)
+            StorageError::Io { .. }
+            | StorageError::Unavailable { .. }
+            | StorageError::Corrupt { .. }
+            | StorageError::Poisoned(_) => {}
             // A request the storage refused: a bug in this runtime (or in the
             // storage), not a disk fault; it must not pass for one.
             StorageError::InvalidRequest { .. }
