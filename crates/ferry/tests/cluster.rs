@@ -1141,15 +1141,28 @@ async fn idle_connections_cannot_take_the_descriptors_the_log_needs() {
     };
     let segments_before = segments();
 
-    // Loopback answers every 127/8 address: the idle connections come from
-    // 127.0.0.2 to 127.0.0.8, the test's own calls from 127.0.0.1.
+    // The test's own calls go over a connection made before the flood (and
+    // come from 127.0.0.1); the idle connections come from 127.0.0.2 to
+    // 127.0.0.8 (loopback answers every 127/8 address).
+    let mut kv = KvClient::new(connect(&cluster, 1).await);
     let addr: std::net::SocketAddr = cluster.client_addr(1).parse().unwrap();
-    let mut idle = Vec::new();
+    let mut connecting = Vec::new();
     for i in 0..IDLE_CONNECTIONS {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         let source = std::net::SocketAddr::from(([127, 0, 0, 2 + (i % 7) as u8], 0));
         socket.bind(source).unwrap();
-        idle.push(socket.connect(addr).await.unwrap());
+        connecting.push(tokio::spawn(tokio::time::timeout(
+            Duration::from_secs(10),
+            socket.connect(addr),
+        )));
+    }
+    let mut idle = Vec::new();
+    let mut refused = 0;
+    for attempt in connecting {
+        match attempt.await.unwrap() {
+            Ok(Ok(stream)) => idle.push(stream),
+            _ => refused += 1,
+        }
     }
 
     // The node holds its share of them and keeps the rest of its
@@ -1159,18 +1172,24 @@ async fn idle_connections_cannot_take_the_descriptors_the_log_needs() {
             .unwrap()
             .count()
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let fds_held = open_fds();
     eprintln!(
-        "with {IDLE_CONNECTIONS} idle connections the node holds {fds_held} of 256 descriptors"
+        "with {} idle connections ({refused} not connected) the node holds {fds_held} of 256 descriptors",
+        idle.len()
     );
-    assert!(fds_held <= 256 - 32, "{fds_held} descriptors open");
 
     // The log starts new segments while they are open: 40 puts of 8 KB in
     // segments of 64 KiB.
     let value = "v".repeat(8 * 1024);
     for i in 0..40 {
-        put(&cluster, 1, &format!("idle-{i}"), &value).await;
+        let request = PutRequest {
+            key: format!("idle-{i}").into_bytes(),
+            value: value.clone().into_bytes(),
+            ..Default::default()
+        };
+        if let Err(status) = kv.put(request).await {
+            panic!("put {i}: {status}\n{}", cluster.log());
+        }
     }
     assert!(cluster.is_running(1), "the node stopped\n{}", cluster.log());
     assert!(
@@ -1184,6 +1203,11 @@ async fn idle_connections_cannot_take_the_descriptors_the_log_needs() {
         !log.contains("Too many open files") && !log.contains("storage failed"),
         "{}",
         cluster.log()
+    );
+    assert!(fds_held <= 256 - 32, "{fds_held} descriptors open");
+    assert_eq!(
+        refused, 0,
+        "connections were not even taken into the backlog"
     );
     // Every idle connection is closed: at once past its address's share,
     // or when it sent no preface within 2 s.
@@ -1262,6 +1286,11 @@ async fn hostile_peer_connections_cannot_grow_the_node_or_flood_its_log() {
             };
             stream
                 .set_write_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            // A node that never closes a silent connection fails the test
+            // below rather than hanging it.
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
                 .unwrap();
             if stream.write_all(&header).is_err() {
                 return;
