@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ferry_server::connections::raise_open_files_limit;
 use ferry_server::member_id::Hex;
 use ferry_server::runtime::{start_node, MemberAddrs, NodeConfig};
 
@@ -64,6 +65,50 @@ pub struct ServeArgs {
     /// behind is sent those entries rather than the whole snapshot. [default: 1000]
     #[arg(long, value_name = "ENTRIES")]
     pub compaction_lag_entries: Option<u64>,
+    /// The most client connections at once; more wait in the kernel's
+    /// backlog until one closes. Never more than the open files limit
+    /// (raised to its hard limit at start) leaves after --reserved-fds and
+    /// --max-peer-connections. [default: all that leaves]
+    #[arg(long, value_name = "N")]
+    pub max_client_connections: Option<usize>,
+    /// The most connections at once from one IP address, on the client port
+    /// and on the peer port; more are closed as soon as they are accepted.
+    /// [default: 128]
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_ip: Option<usize>,
+    /// The most inbound peer connections at once (each member dials one).
+    /// [default: 32]
+    #[arg(long, value_name = "N")]
+    pub max_peer_connections: Option<usize>,
+    /// File descriptors never given to connections: kept for the log's
+    /// segments, snapshots, outbound peer connections and the process, so
+    /// that no number of connections can keep the storage from opening a
+    /// file. [default: 64]
+    #[arg(long, value_name = "N")]
+    pub reserved_fds: Option<u64>,
+    /// How long a new client connection has to send the HTTP/2 preface
+    /// before it is closed. [default: 10000]
+    #[arg(long, value_name = "MS")]
+    pub client_handshake_timeout_ms: Option<u64>,
+    /// How long a client connection may send nothing before it is closed.
+    /// The node pings idle clients every third of this, and live clients
+    /// answer, so only dead or silent ones are closed. [default: 60000]
+    #[arg(long, value_name = "MS")]
+    pub client_idle_timeout_ms: Option<u64>,
+    /// How long a peer connection may send nothing before it is closed (the
+    /// peer dials again). [default: 30000]
+    #[arg(long, value_name = "MS")]
+    pub peer_read_timeout_ms: Option<u64>,
+    /// The most bytes held for frames from peers, in all connections
+    /// together; past it the node stops reading from peers until the
+    /// frames held are processed. At least the largest frame (64 MiB).
+    /// [default: 268435456]
+    #[arg(long, value_name = "BYTES")]
+    pub peer_buffered_bytes_max: Option<usize>,
+    /// The size a log segment grows to before the next one is started.
+    /// [default: 67108864]
+    #[arg(long, value_name = "BYTES")]
+    pub wal_segment_bytes: Option<u64>,
 }
 
 /// The TOML form of [`ServeArgs`].
@@ -83,6 +128,15 @@ struct ServeFile {
     snapshot_entries: Option<u64>,
     compaction_lag_entries: Option<u64>,
     join: Option<bool>,
+    max_client_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
+    max_peer_connections: Option<usize>,
+    reserved_fds: Option<u64>,
+    client_handshake_timeout_ms: Option<u64>,
+    client_idle_timeout_ms: Option<u64>,
+    peer_read_timeout_ms: Option<u64>,
+    peer_buffered_bytes_max: Option<usize>,
+    wal_segment_bytes: Option<u64>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -203,6 +257,69 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     if let Some(entries) = args.compaction_lag_entries.or(file.compaction_lag_entries) {
         config.compaction_lag_entries = entries;
     }
+    let at_least_one = |value: Option<usize>, flag: &str| -> Result<Option<usize>, String> {
+        match value {
+            Some(0) => Err(format!("{flag} must be at least 1")),
+            other => Ok(other),
+        }
+    };
+    config.max_client_connections = at_least_one(
+        args.max_client_connections.or(file.max_client_connections),
+        "--max-client-connections",
+    )?;
+    if let Some(n) = at_least_one(
+        args.max_connections_per_ip.or(file.max_connections_per_ip),
+        "--max-connections-per-ip",
+    )? {
+        config.max_connections_per_ip = n;
+    }
+    if let Some(n) = at_least_one(
+        args.max_peer_connections.or(file.max_peer_connections),
+        "--max-peer-connections",
+    )? {
+        config.max_peer_connections = n;
+    }
+    if let Some(n) = args.reserved_fds.or(file.reserved_fds) {
+        config.reserved_fds = n;
+    }
+    let millis = |value: Option<u64>, flag: &str| -> Result<Option<Duration>, String> {
+        match value {
+            Some(0) => Err(format!("{flag} must be at least 1")),
+            other => Ok(other.map(Duration::from_millis)),
+        }
+    };
+    let timeouts = &mut config.api_options.client_timeouts;
+    if let Some(timeout) = millis(
+        args.client_handshake_timeout_ms
+            .or(file.client_handshake_timeout_ms),
+        "--client-handshake-timeout-ms",
+    )? {
+        timeouts.handshake = timeout;
+    }
+    if let Some(timeout) = millis(
+        args.client_idle_timeout_ms.or(file.client_idle_timeout_ms),
+        "--client-idle-timeout-ms",
+    )? {
+        timeouts.idle = timeout;
+    }
+    if let Some(timeout) = millis(
+        args.peer_read_timeout_ms.or(file.peer_read_timeout_ms),
+        "--peer-read-timeout-ms",
+    )? {
+        config.peer_read_timeout = timeout;
+    }
+    if let Some(bytes) = args
+        .peer_buffered_bytes_max
+        .or(file.peer_buffered_bytes_max)
+    {
+        config.peer_buffered_bytes_max = bytes;
+    }
+    if let Some(bytes) = args.wal_segment_bytes.or(file.wal_segment_bytes) {
+        if bytes == 0 {
+            return Err("--wal-segment-bytes must be at least 1".into());
+        }
+        config.wal_segment_size_bytes_max = bytes;
+    }
     Ok(config)
 }
 
@@ -216,6 +333,17 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Every descriptor the process may have, before any is used: the
+    // connection limits are derived from what this leaves.
+    match raise_open_files_limit() {
+        Ok(limit) if limit.soft > limit.soft_before => tracing::info!(
+            from = limit.soft_before,
+            to = limit.soft,
+            "raised the open files limit to its hard limit"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -15,15 +15,15 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::codegen::tokio_stream::StreamExt;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authority::AuthorityRepair;
 use crate::backend::Backend;
 use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
+use crate::connections::{ClientConnection, ClientTimeouts, ConnectionGate, ConnectionLimits};
 use crate::error::{ApiError, KvError};
 use crate::kv_state::CommandResponse;
+use crate::log_limit::SharedLogLimiter;
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::auth_server::{Auth, AuthServer};
 use crate::pb::etcdserverpb::cluster_server::{Cluster, ClusterServer};
@@ -43,6 +43,9 @@ pub const REPORTED_ETCD_VERSION: &str = "3.5.0";
 /// transport error (etcd allows the same 512 KiB).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
+/// A client connection as the HTTP/2 server reads it.
+type ClientStream = AuthorityRepair<ClientConnection<tokio::net::TcpStream>>;
+
 /// Control responses a watch stream may hold before its task stops reading
 /// requests and sends them.
 const WATCH_OUTBOX_FLUSH_AT: usize = 64;
@@ -59,6 +62,12 @@ pub struct ApiOptions {
     /// Largest gRPC message accepted, in bytes; raised automatically to the
     /// state machine's request limit plus [`GRPC_OVERHEAD_BYTES`].
     pub grpc_message_size_bytes_max: usize,
+    /// How many client connections the listener holds at once, in all and
+    /// per source address (the node derives them from its open files limit,
+    /// see [`crate::connections::split_descriptors`]).
+    pub connection_limits: ConnectionLimits,
+    /// How long a client connection may stay silent.
+    pub client_timeouts: ClientTimeouts,
 }
 
 impl Default for ApiOptions {
@@ -67,6 +76,8 @@ impl Default for ApiOptions {
             progress_notify_interval: Duration::from_secs(600),
             stream_buffer_responses_max: 128,
             grpc_message_size_bytes_max: 1536 * 1024 + GRPC_OVERHEAD_BYTES,
+            connection_limits: ConnectionLimits::default(),
+            client_timeouts: ClientTimeouts::default(),
         }
     }
 }
@@ -138,10 +149,16 @@ impl<B: Backend> EtcdApi<B> {
             .add_service(AuthServer::new(self.clone()))
     }
 
-    /// Serves the API on `listener` until `shutdown` resolves. Connections
-    /// go through [`AuthorityRepair`], so that etcd v3.4 clients which send
-    /// a URL as the HTTP/2 authority are served too, and have Nagle's
-    /// algorithm off, so that small responses are not held back.
+    /// Serves the API on `listener` until `shutdown` resolves.
+    ///
+    /// Connections are accepted within [`ApiOptions::connection_limits`]
+    /// (past the total, new ones wait in the kernel's backlog; past an
+    /// address's share, they are closed), and closed when they stay silent
+    /// past [`ApiOptions::client_timeouts`]; the server pings idle ones so
+    /// that live clients never do. They go through [`AuthorityRepair`], so
+    /// that etcd v3.4 clients which send a URL as the HTTP/2 authority are
+    /// served too, and have Nagle's algorithm off, so that small responses
+    /// are not held back.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -153,12 +170,36 @@ impl<B: Backend> EtcdApi<B> {
             shutdown.await;
             api.stop_streams();
         };
-        let incoming = TcpIncoming::from(listener)
-            .with_nodelay(Some(true))
-            .map(|accepted| accepted.map(AuthorityRepair::new));
+        let gate = ConnectionGate::new(self.options.connection_limits);
+        let timeouts = self.options.client_timeouts;
+        // One accepted connection is handed over at a time: the gate, not a
+        // queue, decides how many there are.
+        let (accepted_tx, accepted) = mpsc::channel::<std::io::Result<ClientStream>>(1);
+        tokio::spawn(async move {
+            let warnings = SharedLogLimiter::for_remote_input();
+            loop {
+                let (stream, _remote, ticket) = tokio::select! {
+                    // The server stopped accepting: close the listener.
+                    _ = accepted_tx.closed() => return,
+                    accepted = gate.accept(&listener, "client", &warnings) => accepted,
+                };
+                let _ = stream.set_nodelay(true);
+                let connection = ClientConnection::new(stream, timeouts, Some(ticket));
+                if accepted_tx
+                    .send(Ok(AuthorityRepair::new(connection)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let keepalive = timeouts.keepalive_interval();
         tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(keepalive))
+            .http2_keepalive_timeout(Some(keepalive))
             .add_routes(routes)
-            .serve_with_incoming_shutdown(incoming, shutdown)
+            .serve_with_incoming_shutdown(ReceiverStream::new(accepted), shutdown)
             .await
     }
 

@@ -22,6 +22,15 @@
 //!   the server's decoder stays consistent with what it is sent, while the
 //!   client's encoder keeps indexing against its own table, mirrored here.
 //!
+//! What the repair holds runs ahead of the HTTP/2 server and of any
+//! authentication, so it is bounded as the server bounds it: a header
+//! block of at most 64 KiB, a header list of at most 64 KiB once decoded
+//! (counted as HPACK counts it; h2 closes a connection at four times its
+//! 16 KiB limit), and a mirror of the client's HPACK table no larger than
+//! the 4096 bytes the server advertises. A block past a bound is never
+//! decoded into memory: before the decision it goes to the server as it
+//! came, which refuses it; on a rewritten connection the connection ends.
+//!
 //! gRPC clients send one authority for the life of a connection, which is
 //! why the first block may decide. Frames other than header blocks are
 //! never changed. Anything malformed before the decision is handed to the
@@ -50,13 +59,27 @@ const PRIORITY_BYTES: usize = 5;
 /// The initial SETTINGS_MAX_FRAME_SIZE, and its smallest legal value: a
 /// server always accepts frames of this size, whatever it advertised.
 const FRAME_PAYLOAD_BYTES_MAX: usize = 16_384;
-/// The largest header block held while it is decoded. The server's own
-/// limit on a header list (16 KiB by default) is far below this.
-const HEADER_BLOCK_BYTES_MAX: usize = 1 << 20;
-/// The largest HPACK dynamic table a client may ask for. The server keeps
-/// the protocol's default of 4096 bytes; a client cannot legally exceed
-/// what the server advertised, so this bound only caps memory.
-const DYNAMIC_TABLE_BYTES_MAX: usize = 64 * 1024;
+/// The most decoded header-list bytes taken from one header block, counted
+/// as RFC 7541 (section 4.1) counts them: name, value and 32 bytes per
+/// field. The server (hyper) refuses a stream whose list is over 16 KiB and
+/// h2 closes the connection over four times that, so a block beyond this
+/// bound is one the server never serves: nothing is lost by not decoding
+/// it into memory, and a block of a few bytes per reference to a large
+/// table entry (an "HPACK bomb") cannot make us hold more than this.
+const HEADER_LIST_BYTES_MAX: usize = 64 * 1024;
+/// The largest header block held while it is decoded, in encoded bytes. h2
+/// closes the connection when a block's encoded bytes pass the header list
+/// limit (16 KiB), so this is far above anything the server accepts.
+const HEADER_BLOCK_BYTES_MAX: usize = HEADER_LIST_BYTES_MAX;
+/// The HPACK dynamic table size the server advertises: the protocol's
+/// default, which the HTTP/2 server under tonic does not change. A client
+/// may not grow its table beyond it (the server would answer with a
+/// COMPRESSION_ERROR), so the mirror of the client's table is held to it:
+/// an update past it fails to decode here and the block goes to the server
+/// as it came, which refuses it.
+const SERVER_HEADER_TABLE_BYTES: usize = 4096;
+/// The bytes HPACK counts for one field besides its name and value.
+const FIELD_OVERHEAD_BYTES: usize = 32;
 /// How much is read from the socket at a time while frames are inspected.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
 
@@ -88,10 +111,14 @@ pub enum RepairError {
     /// A header block broke HTTP/2's framing rules.
     #[error("the client sent a malformed header block: {0}")]
     Malformed(&'static str),
-    /// A header block was larger than 1 MiB (the server's own limit on a
-    /// header list is far lower).
-    #[error("the client sent a header block over 1 MiB")]
+    /// A header block was larger than 64 KiB (the server's own limit on a
+    /// header block is far lower).
+    #[error("the client sent a header block over 64 KiB")]
     TooLarge,
+    /// A header block decoded to a header list over 64 KiB (the server's own
+    /// limit on a header list is 16 KiB).
+    #[error("the client sent a header block that decodes to a header list over 64 KiB")]
+    ListTooLarge,
 }
 
 /// Where the client's byte stream is.
@@ -134,7 +161,7 @@ struct Rewriter {
 impl Rewriter {
     fn new() -> Rewriter {
         let mut decoder = loona_hpack::Decoder::new();
-        decoder.set_max_allowed_table_size(DYNAMIC_TABLE_BYTES_MAX);
+        decoder.set_max_allowed_table_size(SERVER_HEADER_TABLE_BYTES);
         Rewriter {
             phase: Phase::Preface { matched_bytes: 0 },
             raw: BytesMut::new(),
@@ -322,14 +349,34 @@ impl Rewriter {
         let Some(block) = self.block.take() else {
             return Ok(());
         };
+        // Fields are kept only up to the bound; past it the rest of the
+        // block is still decoded (without keeping anything) so that the
+        // client's table stays mirrored, and the block is not served.
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut list_bytes: usize = 0;
         let decoded = self.decoder.decode_with_cb(&block.fragment, |name, value| {
-            fields.push((name.into_owned(), value.into_owned()));
+            list_bytes = list_bytes
+                .saturating_add(name.len())
+                .saturating_add(value.len())
+                .saturating_add(FIELD_OVERHEAD_BYTES);
+            if list_bytes <= HEADER_LIST_BYTES_MAX {
+                fields.push((name.into_owned(), value.into_owned()));
+            }
         });
         if let Err(error) = decoded {
             if rewrite {
                 return Err(RepairError::Hpack(error.to_string()));
             }
+            self.block = Some(block);
+            self.pass_on();
+            return Ok(());
+        }
+        if list_bytes > HEADER_LIST_BYTES_MAX {
+            if rewrite {
+                return Err(RepairError::ListTooLarge);
+            }
+            // The server refuses it as it refuses any list this large.
+            drop(fields);
             self.block = Some(block);
             self.pass_on();
             return Ok(());

@@ -13,6 +13,10 @@
 //! - [`api`]: the etcd gRPC services.
 //! - [`authority`]: the repair of a URL sent as HTTP/2 `:authority` by etcd's
 //!   Go client, below the HTTP/2 server that would refuse it.
+//! - [`connections`]: what accepting connections may cost: limits per
+//!   listener and per address, idle client timeouts, and the split of the
+//!   process's file descriptors between connections and storage.
+//! - [`log_limit`]: rate limits for warnings a remote party can trigger.
 //! - [`peer`]: the TCP transport between nodes and the wire form of engine messages.
 //! - [`runtime`]: the node runtime: the driver task around the Raft engine,
 //!   the storage and the transport, and the [`backend::Backend`] it offers the API.
@@ -23,9 +27,11 @@ pub mod api;
 pub mod authority;
 pub mod backend;
 pub mod command;
+pub mod connections;
 pub mod error;
 pub mod kv_state;
 pub mod lease;
+pub mod log_limit;
 pub mod member_id;
 pub mod mvcc;
 pub mod peer;

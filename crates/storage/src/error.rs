@@ -62,6 +62,22 @@ pub enum StorageError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A file could not be created or opened because the process or the
+    /// system ran out of file descriptors (EMFILE, ENFILE), or a file that
+    /// is not yet part of the store (a new segment, a snapshot being
+    /// written) could not be created or written for lack of space or quota
+    /// (ENOSPC, EDQUOT). Nothing the store holds was changed or lost, so
+    /// this is a shortage to wait out and report, not a reason to stop:
+    /// see [`StorageError::is_transient`].
+    #[error("out of file descriptors or disk space: {op} {path}: {source}")]
+    Unavailable {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
     /// Data on disk failed its checksum or could not be decoded, somewhere a
     /// torn write cannot explain. The node must not run on it.
     #[error(
@@ -180,6 +196,42 @@ impl StorageError {
         }
     }
 
+    /// Wraps the error of an operation that opens an existing file or
+    /// directory before it does anything else (a read, a directory sync):
+    /// running out of file descriptors can only have come from the open,
+    /// and changed nothing, so it is [`StorageError::Unavailable`].
+    pub fn opening(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        if is_out_of_descriptors(&source) {
+            return StorageError::Unavailable {
+                op,
+                path: path.into(),
+                source,
+            };
+        }
+        StorageError::io(op, path, source)
+    }
+
+    /// Wraps the error of creating (or writing) a file that nothing relies
+    /// on yet: running out of descriptors, space or quota leaves the store
+    /// as it was, so it is [`StorageError::Unavailable`].
+    pub fn creating(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        if is_out_of_descriptors(&source) || is_out_of_space(&source) {
+            return StorageError::Unavailable {
+                op,
+                path: path.into(),
+                source,
+            };
+        }
+        StorageError::io(op, path, source)
+    }
+
+    /// Whether the caller may wait this error out and try again: only
+    /// [`StorageError::Unavailable`], which changed nothing. A failed write
+    /// or sync of the log never is (the log poisons itself after one).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StorageError::Unavailable { .. })
+    }
+
     /// A corruption error for `path` at `offset`.
     pub fn corrupt(path: impl Into<PathBuf>, offset: u64, reason: impl Into<String>) -> Self {
         StorageError::Corrupt {
@@ -190,5 +242,34 @@ impl StorageError {
     }
 }
 
+/// EMFILE or ENFILE: the process or the whole system has no file
+/// descriptor left.
+fn is_out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// ENOSPC or EDQUOT: no space or quota left on the file system.
+fn is_out_of_space(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_shortages_that_changed_nothing_are_transient() {
+        let os = std::io::Error::from_raw_os_error;
+        assert!(StorageError::opening("read", "/x", os(libc::EMFILE)).is_transient());
+        assert!(StorageError::opening("read", "/x", os(libc::ENFILE)).is_transient());
+        // A sync that fails for lack of space may have lost data.
+        assert!(!StorageError::opening("sync", "/x", os(libc::ENOSPC)).is_transient());
+        assert!(StorageError::creating("create", "/x", os(libc::ENOSPC)).is_transient());
+        assert!(StorageError::creating("create", "/x", os(libc::EDQUOT)).is_transient());
+        assert!(!StorageError::creating("create", "/x", os(libc::EACCES)).is_transient());
+        assert!(!StorageError::io("write", "/x", os(libc::EMFILE)).is_transient());
+    }
+}

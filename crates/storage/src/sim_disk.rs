@@ -13,6 +13,9 @@
 //!   [`SimDisk::corrupt_random_sector`] damage stored bytes in place.
 //! - Failed syncs: [`SimDisk::fail_next_syncs`] makes syncs return an I/O
 //!   error without syncing (the log then refuses further work).
+//! - Failed creates: [`SimDisk::fail_next_creates`] makes creating files
+//!   fail with a given OS error (out of descriptors, of space) without
+//!   creating anything.
 //! - Slow syncs: each sync draws a latency from the configured range; the
 //!   caller reads the total with [`SimDisk::take_sync_ticks`] and delivers the
 //!   completion that much later.
@@ -74,6 +77,9 @@ struct State {
     fault_budget: Option<u64>,
     /// Syncs still to fail with an I/O error (the disk stays on).
     failing_syncs: u64,
+    /// Creates still to fail, and the OS error they fail with.
+    failing_creates: u64,
+    failing_create_errno: i32,
     units_used: u64,
     sync_ticks: u64,
     dirs: BTreeSet<PathBuf>,
@@ -176,6 +182,8 @@ impl SimDisk {
                 powered_off: false,
                 fault_budget: None,
                 failing_syncs: 0,
+                failing_creates: 0,
+                failing_create_errno: 0,
                 units_used: 0,
                 sync_ticks: 0,
                 dirs: BTreeSet::new(),
@@ -206,6 +214,14 @@ impl SimDisk {
     /// per sync, create, rename, remove, truncate). `None` removes the limit.
     pub fn set_fault_budget(&self, units: Option<u64>) {
         self.lock().fault_budget = units;
+    }
+
+    /// Makes the next `count` creates fail with the OS error `errno` (such
+    /// as EMFILE or ENOSPC) without creating anything; the disk stays on.
+    pub fn fail_next_creates(&self, count: u64, errno: i32) {
+        let mut s = self.lock();
+        s.failing_creates = count;
+        s.failing_create_errno = errno;
     }
 
     /// Makes the next `count` syncs (of files or directories) fail with an
@@ -415,6 +431,10 @@ impl Disk for SimDisk {
     fn create(&self, path: &Path) -> io::Result<SimFile> {
         let mut s = self.lock();
         s.charge_op()?;
+        if s.failing_creates > 0 {
+            s.failing_creates -= 1;
+            return Err(io::Error::from_raw_os_error(s.failing_create_errno));
+        }
         let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
         if !s.dirs.contains(&parent) {
             return Err(not_found(&parent));

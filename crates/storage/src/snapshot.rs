@@ -160,10 +160,10 @@ impl<D: Disk> SnapshotWriter<D> {
         trailer.extend_from_slice(&crc.to_le_bytes());
         self.file
             .append(&trailer)
-            .map_err(|e| StorageError::io("write snapshot", &self.tmp_path, e))?;
+            .map_err(|e| StorageError::creating("write snapshot", &self.tmp_path, e))?;
         self.file
             .sync_data()
-            .map_err(|e| StorageError::io("sync snapshot", &self.tmp_path, e))?;
+            .map_err(|e| StorageError::creating("sync snapshot", &self.tmp_path, e))?;
         self.sealed = true;
         Ok(())
     }
@@ -173,7 +173,7 @@ impl<D: Disk> SnapshotWriter<D> {
         self.block.extend_from_slice(&crc.to_le_bytes());
         self.file
             .append(&self.block)
-            .map_err(|e| StorageError::io("write snapshot", &self.tmp_path, e))?;
+            .map_err(|e| StorageError::creating("write snapshot", &self.tmp_path, e))?;
         self.block.clear();
         self.blocks += 1;
         Ok(())
@@ -278,7 +278,7 @@ impl<D: Disk> SnapshotStore<D> {
         let file = self
             .disk
             .create(&tmp_path)
-            .map_err(|e| StorageError::io("create snapshot", &tmp_path, e))?;
+            .map_err(|e| StorageError::creating("create snapshot", &tmp_path, e))?;
         let mut enc = Encoder::default();
         enc.u64(SNAPSHOT_MAGIC);
         enc.u32(SNAPSHOT_FORMAT_VERSION);
@@ -288,7 +288,7 @@ impl<D: Disk> SnapshotStore<D> {
         let mut header = Vec::new();
         frame(&mut header, &enc.into_inner());
         file.append(&header)
-            .map_err(|e| StorageError::io("write snapshot", &tmp_path, e))?;
+            .map_err(|e| StorageError::creating("write snapshot", &tmp_path, e))?;
         Ok(SnapshotWriter {
             group,
             meta,
@@ -313,9 +313,13 @@ impl<D: Disk> SnapshotStore<D> {
         self.disk
             .rename(&tmp, &path)
             .map_err(|e| StorageError::io("rename snapshot", &tmp, e))?;
+        // Out of descriptors here (the directory is opened to be synced)
+        // leaves a complete snapshot in place that this store does not
+        // list: harmless, the next open finds it, and a caller may take
+        // the snapshot again.
         self.disk
             .sync_dir(&self.dir)
-            .map_err(|e| StorageError::io("sync directory", &self.dir, e))?;
+            .map_err(|e| StorageError::opening("sync directory", &self.dir, e))?;
         let file = SnapshotFile {
             meta: writer.meta.clone(),
             path: path.clone(),
@@ -329,6 +333,16 @@ impl<D: Disk> SnapshotStore<D> {
         files.sort_by_key(|f| (f.meta.index, f.meta.term));
         self.prune(writer.group)?;
         Ok(writer.meta)
+    }
+
+    /// Gives up on a snapshot being written and removes its temporary
+    /// file, so that a snapshot abandoned for lack of space gives the space
+    /// back at once. Best effort: a file left behind is removed by the next
+    /// open.
+    pub fn abandon(&self, writer: SnapshotWriter<D>) {
+        let tmp = writer.tmp_path.clone();
+        drop(writer);
+        let _ = self.disk.remove_file(&tmp);
     }
 
     fn prune(&mut self, group: GroupId) -> Result<()> {
@@ -365,7 +379,7 @@ impl<D: Disk> SnapshotStore<D> {
         let mut buf = vec![0u8; (len + BLOCK_CRC_BYTES) as usize];
         self.disk
             .read_exact_at(&file.path, at, &mut buf)
-            .map_err(|e| StorageError::io("read snapshot", &file.path, e))?;
+            .map_err(|e| StorageError::opening("read snapshot", &file.path, e))?;
         let (data, crc) = buf.split_at(len as usize);
         let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
         if crc32c::crc32c(data) != stored {

@@ -159,6 +159,11 @@ impl<D: Disk> Storage<D> {
         self.snapshots.finish(writer)
     }
 
+    /// Gives up on a snapshot being written (see [`SnapshotStore::abandon`]).
+    pub fn abandon_snapshot(&self, writer: SnapshotWriter<D>) {
+        self.snapshots.abandon(writer);
+    }
+
     /// Removes every trace of `group` from this node.
     ///
     /// The log record is synced before the snapshots are deleted (otherwise a

@@ -52,7 +52,9 @@
 //! After a failed write or sync the log refuses all further work
 //! ([`StorageError::Poisoned`]): after a failed fdatasync the kernel may have
 //! dropped the dirty pages, and retrying could report data as durable that is
-//! not.
+//! not. A new segment that cannot be created for lack of file descriptors,
+//! space or quota is different: nothing was written, so the log writes on in
+//! the current segment and tries again later ([`Wal::rotation_deferred`]).
 //!
 //! # Recovery
 //!
@@ -349,6 +351,13 @@ pub struct Wal<D: Disk> {
     /// The segment sealed by the latest rotation, until a sync has written
     /// the state file that says so.
     sealed_unrecorded: Option<SealedSegment>,
+    /// Why the last attempt to start a new segment failed, while the log
+    /// writes on in the current one (see [`Wal::rotation_deferred`]).
+    rotation_deferred: Option<StorageError>,
+    /// The length the current segment must reach before the next attempt
+    /// to start a new one, once one failed: every attempt syncs the current
+    /// segment first, so attempts are spaced by bytes written.
+    rotation_retry_at_bytes: u64,
 }
 
 fn segment_name(seq: u64) -> String {
@@ -805,6 +814,8 @@ impl<D: Disk> Wal<D> {
             progress: Arc::new(progress),
             progress_bytes: 0,
             sealed_unrecorded: None,
+            rotation_deferred: None,
+            rotation_retry_at_bytes: 0,
         };
         for (id, g) in replay_groups {
             let mut group = Group::new(&wal.options);
@@ -929,15 +940,32 @@ impl<D: Disk> Wal<D> {
             segment: self.current.seq,
             len: self.current.len(),
         };
-        self.sealed_unrecorded = Some(sealed);
         let path = self.dir.join(segment_name(seq));
         let file = match self.disk.create(&path) {
             Ok(f) => Arc::new(f),
             Err(e) => {
-                let err = StorageError::io("create segment", &path, e);
-                return self.poison(err);
+                let err = StorageError::creating("create segment", &path, e);
+                if !err.is_transient() {
+                    return self.poison(err);
+                }
+                // Out of descriptors or space: nothing was lost (the current
+                // segment is synced and stays the last one), so the log
+                // writes on in it and tries again once it has grown by a
+                // step. A name the failed create may have left would sit
+                // after the current segment, where recovery allows no torn
+                // tail: take it away (if there is none, that fails, fine).
+                let _ = self.disk.remove_file(&path);
+                let step_bytes = (self.options.segment_size_bytes_max / 16).max(1);
+                self.rotation_retry_at_bytes = self.current.len().saturating_add(step_bytes);
+                self.rotation_deferred = Some(err);
+                return Ok(());
             }
         };
+        // Only a segment with a successor is sealed (a deferred rotation
+        // writes on in the current one).
+        self.sealed_unrecorded = Some(sealed);
+        self.rotation_deferred = None;
+        self.rotation_retry_at_bytes = 0;
         let old = std::mem::replace(
             &mut self.current,
             Current {
@@ -995,7 +1023,9 @@ impl<D: Disk> Wal<D> {
 
     /// Writes one record; returns where it starts.
     fn write_record(&mut self, record: &WalRecord) -> Result<Location> {
-        if self.current.len() >= self.options.segment_size_bytes_max {
+        if self.current.len() >= self.options.segment_size_bytes_max
+            && self.current.len() >= self.rotation_retry_at_bytes
+        {
             self.rotate()?;
         }
         let at = Location {
@@ -1275,6 +1305,16 @@ impl<D: Disk> Wal<D> {
         self.groups.get(&group)?.term(index)
     }
 
+    /// Why the log could not start a new segment when the current one
+    /// filled, if the last attempt failed: it ran out of file descriptors,
+    /// space or quota ([`StorageError::is_transient`]). That is a condition
+    /// the log waits out, not a failure: it writes on in the current
+    /// segment (which then grows past its size target) and tries again as
+    /// it grows. `None` once a new segment was started.
+    pub fn rotation_deferred(&self) -> Option<&StorageError> {
+        self.rotation_deferred.as_ref()
+    }
+
     /// Segments on disk (for tests and monitoring).
     pub fn segment_count(&self) -> usize {
         self.segments.len()
@@ -1398,7 +1438,7 @@ impl<D: Disk> Wal<D> {
             let mut header = [0u8; FRAME_HEADER_BYTES];
             self.disk
                 .read_exact_at(&path, loc.offset, &mut header)
-                .map_err(|e| StorageError::io("read segment", &path, e))?;
+                .map_err(|e| StorageError::opening("read segment", &path, e))?;
             let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as u64;
             if len > codec::RECORD_BYTES_MAX {
                 return Err(StorageError::corrupt(
@@ -1410,7 +1450,7 @@ impl<D: Disk> Wal<D> {
             let mut frame = vec![0u8; FRAME_HEADER_BYTES + len as usize];
             self.disk
                 .read_exact_at(&path, loc.offset, &mut frame)
-                .map_err(|e| StorageError::io("read segment", &path, e))?;
+                .map_err(|e| StorageError::opening("read segment", &path, e))?;
             frame
         };
         match read_frame(&frame, 0) {

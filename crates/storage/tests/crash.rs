@@ -537,6 +537,83 @@ fn an_io_error_on_sync_poisons_the_log_and_nothing_unsynced_is_reported() {
 }
 
 #[test]
+fn a_segment_that_cannot_be_created_for_lack_of_descriptors_or_space_is_waited_out() {
+    // EMFILE (24) and ENOSPC (28), as Linux and every BSD number them.
+    for errno in [24, 28] {
+        let disk = SimDisk::with_seed(3);
+        let options = WalOptions {
+            segment_size_bytes_max: 4096,
+            ..WalOptions::default()
+        };
+        let (mut s, _) = Storage::open(disk.clone(), &dir(), options.clone()).unwrap();
+        let req = |seq: u64| PersistRequest {
+            seq,
+            hard_state: None,
+            entries: vec![ferry_raft::Entry {
+                term: 1,
+                index: seq,
+                payload: ferry_raft::EntryPayload::Command(vec![seq as u8; 500].into()),
+            }],
+        };
+        let segments = s.wal.segment_count();
+        // Every create fails for a while: the log writes on in its segment,
+        // well past the segment size, and every sync succeeds.
+        disk.fail_next_creates(u64::MAX, errno);
+        for seq in 1..=40 {
+            s.wal.append(1, &req(seq)).unwrap();
+            assert_eq!(s.wal.sync().unwrap()[&1], seq);
+        }
+        assert_eq!(s.wal.segment_count(), segments);
+        let deferred = s.wal.rotation_deferred().expect("the rotation is reported");
+        assert!(deferred.is_transient(), "{deferred}");
+        assert!(
+            deferred.to_string().contains("create segment"),
+            "{deferred}"
+        );
+        // The shortage ends: the next attempt starts a new segment.
+        disk.fail_next_creates(0, errno);
+        for seq in 41..=60 {
+            s.wal.append(1, &req(seq)).unwrap();
+            s.wal.sync().unwrap();
+        }
+        assert!(s.wal.rotation_deferred().is_none());
+        assert!(s.wal.segment_count() > segments);
+        drop(s);
+        disk.crash(CrashMode::LoseUnsynced);
+        let (_, report) = Storage::open(disk.clone(), &dir(), options).unwrap();
+        let entries = &report.groups[&1].entries;
+        assert_eq!(entries.len(), 60);
+        assert_eq!(entries.last().map(|e| e.index), Some(60));
+    }
+}
+
+#[test]
+fn a_segment_that_cannot_be_created_for_another_reason_still_poisons_the_log() {
+    let disk = SimDisk::with_seed(4);
+    let options = WalOptions {
+        segment_size_bytes_max: 1024,
+        ..WalOptions::default()
+    };
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), options).unwrap();
+    disk.fail_next_creates(u64::MAX, 13); // EACCES
+    let mut failed = None;
+    for seq in 1..=200 {
+        let req = PersistRequest {
+            seq,
+            hard_state: None,
+            entries: vec![entry(seq, 1, 1)],
+        };
+        if let Err(error) = s.wal.append(1, &req) {
+            failed = Some(error);
+            break;
+        }
+    }
+    let error = failed.expect("the create failure surfaces");
+    assert!(!error.is_transient(), "{error}");
+    assert!(matches!(s.wal.sync(), Err(StorageError::Poisoned(_))));
+}
+
+#[test]
 fn slow_syncs_are_observable_and_the_next_batch_fills_meanwhile() {
     let disk = SimDisk::new(ferry_storage::SimDiskOptions {
         seed: 5,

@@ -370,6 +370,91 @@ fn a_rewritten_connection_that_breaks_hpack_or_framing_is_closed() {
     assert_eq!(rewrite(&too_large, &[]), Err(RepairError::TooLarge));
 }
 
+/// An HPACK block that grows the client's dynamic table by one entry with a
+/// value of `value_bytes`, carries a URL authority, and then references the
+/// entry `references` times (one byte each): a few KB that decode to
+/// `references * value_bytes` bytes. `table_bytes` is announced first as a
+/// dynamic table size update, if given.
+fn hpack_bomb(table_bytes: Option<usize>, value_bytes: usize, references: usize) -> Vec<u8> {
+    let mut block = Vec::new();
+    if let Some(size) = table_bytes {
+        // A dynamic table size update: 001 and a 5-bit prefix integer.
+        loona_hpack::encoder::encode_integer_into(size, 5, 0x20, &mut block).unwrap();
+    }
+    // A literal with incremental indexing and a new name: 01000000.
+    block.push(0x40);
+    encode_string(b"x-bomb", &mut block);
+    encode_string(&vec![b'b'; value_bytes], &mut block);
+    // The authority as a literal without indexing on the static name
+    // `:authority` (index 1), so that the bomb stays the newest entry.
+    block.extend_from_slice(&[0x83, 0x86, 0x01, URL.len() as u8]);
+    block.extend_from_slice(URL);
+    // Index 62 is the newest dynamic entry.
+    block.extend(std::iter::repeat_n(0x80 | 62, references));
+    block
+}
+
+#[test]
+fn a_table_larger_than_the_server_advertises_is_not_mirrored_and_goes_to_the_server_as_it_came() {
+    // As reported: a 64 KiB table entry referenced thousands of times
+    // decoded to over a GB; here 2000 references of 60 KB (120 MB).
+    let mut input = PREFACE.to_vec();
+    input.extend(frame(
+        FRAME_TYPE_HEADERS,
+        FLAG_END_HEADERS,
+        1,
+        &hpack_bomb(Some(64 * 1024), 60_000, 2000),
+    ));
+    let mut rewriter = Rewriter::new();
+    rewriter.push(&input).unwrap();
+    // The server sees the table update it never allowed and refuses it.
+    assert!(rewriter.is_passthrough());
+    assert_eq!(rewriter.out.to_vec(), input);
+}
+
+#[test]
+fn a_block_decoding_past_the_header_list_bound_is_not_held_in_either_mode() {
+    // Within the table the server allows: a 4000-byte entry referenced
+    // 20 000 times decodes to 80 MB from 24 KB.
+    let bomb = hpack_bomb(None, 4000, 20_000);
+    assert!(bomb.len() < HEADER_BLOCK_BYTES_MAX);
+    let mut first = PREFACE.to_vec();
+    first.extend(frame(FRAME_TYPE_HEADERS, FLAG_END_HEADERS, 1, &bomb));
+    // As the first block: handed to the server as it came (which refuses
+    // a list this large), not decoded into memory and re-encoded.
+    let mut rewriter = Rewriter::new();
+    rewriter.push(&first).unwrap();
+    assert!(rewriter.is_passthrough());
+    assert_eq!(rewriter.out.to_vec(), first);
+
+    // On a rewritten connection: the connection is closed.
+    let mut client = Client::new();
+    client.request(1, &request_fields(URL, "/etcdserverpb.KV/Range"));
+    let mut later = client.bytes.clone();
+    later.extend(frame(FRAME_TYPE_HEADERS, FLAG_END_HEADERS, 3, &bomb));
+    assert_eq!(rewrite(&later, &[]), Err(RepairError::ListTooLarge));
+
+    // Just under the bound, a block is still repaired.
+    let mut fields = request_fields(URL, "/etcdserverpb.KV/Range");
+    let used: usize = fields
+        .iter()
+        .map(|(n, v)| n.len() + v.len() + FIELD_OVERHEAD_BYTES)
+        .sum();
+    let filler = HEADER_LIST_BYTES_MAX - used - FIELD_OVERHEAD_BYTES - b"x-filler".len();
+    fields.push((b"x-filler".to_vec(), vec![b'f'; filler]));
+    let mut client = Client::new();
+    client.request(1, &fields);
+    let seen = server_view(&rewrite(&client.bytes, &[]).unwrap());
+    assert_eq!(
+        seen[1],
+        Seen::Headers {
+            stream_id: 1,
+            end_stream: false,
+            fields: with_authority(&fields, HOST_PORT),
+        }
+    );
+}
+
 #[test]
 fn authorities_are_repaired_only_when_they_are_urls_around_a_valid_authority() {
     let cases: [(&[u8], Option<&[u8]>); 8] = [

@@ -39,6 +39,18 @@ pub fn encode_frame(payload: &[u8], out: &mut BytesMut) {
     out.put_slice(payload);
 }
 
+/// The bytes still missing from the frame at the front of `buffer` (its
+/// header first), or 0 if a whole frame is there. Call after
+/// [`decode_frame`] checked the length against the limit.
+pub fn frame_bytes_missing(buffer: &[u8]) -> usize {
+    let Some(length) = buffer.get(..4) else {
+        return FRAME_HEADER_BYTES - buffer.len();
+    };
+    let length_bytes = u32::from_le_bytes([length[0], length[1], length[2], length[3]]);
+    let total = FRAME_HEADER_BYTES.saturating_add(length_bytes as usize);
+    total.saturating_sub(buffer.len())
+}
+
 /// Takes one whole frame off the front of `buffer`, if one is there.
 /// Returns `Ok(None)` when more bytes are needed.
 pub fn decode_frame(buffer: &mut BytesMut, limit_bytes: u32) -> Result<Option<Bytes>, FrameError> {
@@ -55,7 +67,9 @@ pub fn decode_frame(buffer: &mut BytesMut, limit_bytes: u32) -> Result<Option<By
     let expected = u32::from_le_bytes([buffer[4], buffer[5], buffer[6], buffer[7]]);
     let total = FRAME_HEADER_BYTES + length_bytes as usize;
     if buffer.len() < total {
-        buffer.reserve(total - buffer.len());
+        // No room is reserved for the rest here: a header alone must not
+        // make us allocate what it announces (the reader grows the buffer
+        // as the bytes arrive).
         return Ok(None);
     }
     buffer.advance(FRAME_HEADER_BYTES);

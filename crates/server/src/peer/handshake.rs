@@ -13,7 +13,9 @@ const MAGIC: u32 = 0x4652_5259; // "FRRY"
 /// The version of the peer protocol this build speaks.
 pub const PROTOCOL_VERSION: u16 = 1;
 /// The longest refusal reason we send or accept.
-const REASON_BYTES_MAX: usize = 1024;
+pub const REASON_BYTES_MAX: usize = 1024;
+/// The size of an encoded hello.
+pub const HELLO_BYTES: usize = 30;
 
 /// The dialer's introduction.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,7 +50,7 @@ pub enum HandshakeError {
 impl Hello {
     /// The hello as a frame payload.
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(30);
+        let mut out = BytesMut::with_capacity(HELLO_BYTES);
         out.put_u32_le(MAGIC);
         out.put_u16_le(PROTOCOL_VERSION);
         out.put_u64_le(self.cluster_id);
@@ -59,7 +61,7 @@ impl Hello {
 
     /// Reads a hello from a frame payload.
     pub fn decode(mut payload: &[u8]) -> Result<Hello, HandshakeError> {
-        if payload.len() != 30 || payload.get_u32_le() != MAGIC {
+        if payload.len() != HELLO_BYTES || payload.get_u32_le() != MAGIC {
             return Err(HandshakeError::NotFerry);
         }
         let version = payload.get_u16_le();

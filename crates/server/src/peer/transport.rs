@@ -1,6 +1,28 @@
 //! The TCP peer transport: one outbound connection per peer with a bounded
 //! queue and batched writes, an accept loop for inbound connections, and
 //! reconnection with capped exponential backoff.
+//!
+//! # What an inbound connection may cost
+//!
+//! The peer port's only credential is the cluster id, which every client
+//! can read, and a member may be buggy or compromised; so what a connection
+//! can make this node hold is bounded whoever is on the other end:
+//!
+//! - the listener holds [`TransportConfig::connection_limits`] connections
+//!   at once, in all and per address;
+//! - before its hello, a connection may send at most a hello's bytes, within
+//!   [`TransportConfig::connect_timeout`];
+//! - after it, a frame's bytes are held only as they arrive (a header alone
+//!   allocates nothing), one frame at a time per connection (so at most
+//!   [`TransportConfig::frame_bytes_max`]), and every byte held, in frames
+//!   being read and in frames waiting for the runtime, is paid for from one
+//!   budget of [`TransportConfig::inbound_buffered_bytes_max`]: while it is
+//!   spent, readers wait and TCP pushes back on the senders;
+//! - a connection that sends nothing for [`TransportConfig::read_timeout`],
+//!   sends a frame slower than [`FRAME_BYTES_PER_SECOND_MIN`], or waits that
+//!   long for the budget (which breaks the deadlock of connections that
+//!   each hold part of a frame and wait for more), is closed;
+//! - warnings a connection can cause are rate limited ([`crate::log_limit`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -9,16 +31,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use ferry_raft::NodeId;
 
+use crate::connections::{ConnectionGate, ConnectionLimits};
+use crate::log_limit::SharedLogLimiter;
 use crate::member_id::Hex;
 
-use super::frame::{decode_frame, encode_frame, FrameError, FRAME_BYTES_MAX_DEFAULT};
-use super::handshake::{decode_answer, encode_answer, HandshakeError, Hello};
+use super::frame::{
+    decode_frame, encode_frame, frame_bytes_missing, FrameError, FRAME_BYTES_MAX_DEFAULT,
+    FRAME_HEADER_BYTES,
+};
+use super::handshake::{
+    decode_answer, encode_answer, HandshakeError, Hello, HELLO_BYTES, REASON_BYTES_MAX,
+};
+
+/// The most bytes read from a peer socket at once (and so the most a
+/// connection holds beyond what it has paid for, never).
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// The slowest a frame may arrive, once its header is in: a frame of `n`
+/// bytes must be complete within the read timeout plus `n` divided by this.
+/// A link slower than this cannot carry a cluster's replication anyway, and
+/// a sender that trickles a large frame would otherwise hold its bytes of
+/// the budget for as long as it likes.
+pub const FRAME_BYTES_PER_SECOND_MIN: u64 = 256 * 1024;
 
 /// Settings of the transport.
 #[derive(Clone, Debug)]
@@ -42,8 +82,21 @@ pub struct TransportConfig {
     pub reconnect_backoff_min: Duration,
     /// The longest reconnect delay.
     pub reconnect_backoff_max: Duration,
-    /// How long connecting and the handshake may take.
+    /// How long connecting and the handshake may take; also how long an
+    /// inbound connection has to send its hello.
     pub connect_timeout: Duration,
+    /// The longest an inbound connection may go without a byte from its
+    /// peer once past the handshake. A live peer sends heartbeats, their
+    /// answers or votes every few ticks, so only a stuck or hostile one is
+    /// closed (and a closed peer simply dials again).
+    pub read_timeout: Duration,
+    /// The most bytes held for frames from peers, across every inbound
+    /// connection: frames being read and frames received but not yet
+    /// dropped by the runtime. Raised to one largest frame if lower.
+    pub inbound_buffered_bytes_max: usize,
+    /// How many inbound connections the peer listener holds at once, in
+    /// all and per address.
+    pub connection_limits: ConnectionLimits,
 }
 
 impl TransportConfig {
@@ -60,12 +113,53 @@ impl TransportConfig {
             reconnect_backoff_min: Duration::from_millis(50),
             reconnect_backoff_max: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(30),
+            inbound_buffered_bytes_max: 256 << 20,
+            connection_limits: ConnectionLimits {
+                connections_max: 64,
+                connections_per_ip_max: 16,
+            },
         }
+    }
+
+    /// The inbound budget in force: at least one largest frame (with its
+    /// header and a read's worth), so that any frame a peer may send can
+    /// be read.
+    fn inbound_budget_bytes(&self) -> usize {
+        let frame_bytes = (self.frame_bytes_max as usize)
+            .saturating_add(FRAME_HEADER_BYTES)
+            .saturating_add(READ_CHUNK_BYTES);
+        self.inbound_buffered_bytes_max
+            .max(frame_bytes)
+            .min(Semaphore::MAX_PERMITS)
     }
 }
 
+/// The share of the transport's inbound budget a received frame holds
+/// until it is dropped (see [`TransportConfig::inbound_buffered_bytes_max`]):
+/// the runtime drops it once it has taken the frame in.
+#[derive(Debug, Default)]
+pub struct BufferLease(Option<OwnedSemaphorePermit>);
+
+impl BufferLease {
+    /// The bytes this lease holds.
+    pub fn bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+    }
+}
+
+/// A lease says nothing about the frame it pays for: events compare by
+/// what they carry.
+impl PartialEq for BufferLease {
+    fn eq(&self, _other: &BufferLease) -> bool {
+        true
+    }
+}
+
+impl Eq for BufferLease {}
+
 /// What the transport tells the runtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum TransportEvent {
     /// The outbound connection to a peer is up (after the handshake).
     Connected(NodeId),
@@ -77,6 +171,9 @@ pub enum TransportEvent {
         from: NodeId,
         /// The frame's payload.
         payload: Bytes,
+        /// The frame's share of the inbound budget, given back when the
+        /// event is dropped.
+        lease: BufferLease,
     },
 }
 
@@ -104,6 +201,12 @@ enum ConnectionError {
     Handshake(#[from] HandshakeError),
     #[error("connection closed by the peer")]
     Closed,
+    #[error("the peer sent nothing for {0:?}")]
+    Silent(Duration),
+    #[error("the peer sent a frame of {0} bytes too slowly")]
+    Slow(usize),
+    #[error("the buffer budget for peers was used up for {0:?}; closing to give back this connection's share")]
+    Starved(Duration),
 }
 
 /// Counters of what the transport did, for status and tests.
@@ -115,6 +218,9 @@ pub struct TransportStats {
     pub frames_sent: AtomicU64,
     /// Connections refused at the handshake (either side).
     pub handshakes_refused: AtomicU64,
+    /// Inbound connections closed because their peer was silent or slow,
+    /// or because they waited too long for the buffer budget.
+    pub connections_timed_out: AtomicU64,
 }
 
 /// A running transport. Dropping it does not stop the tasks; call
@@ -122,6 +228,7 @@ pub struct TransportStats {
 pub struct Transport {
     config: TransportConfig,
     local_addr: SocketAddr,
+    inbound: Arc<Inbound>,
     outbound: BTreeMap<NodeId, mpsc::Sender<Bytes>>,
     events: mpsc::Sender<TransportEvent>,
     stats: Arc<TransportStats>,
@@ -149,16 +256,21 @@ impl Transport {
             })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let stats = Arc::new(TransportStats::default());
-        tokio::spawn(accept_loop(
-            listener,
-            config.clone(),
-            events.clone(),
-            stats.clone(),
-            shutdown_rx,
-        ));
+        let inbound = Arc::new(Inbound {
+            config: config.clone(),
+            events: events.clone(),
+            stats: stats.clone(),
+            budget: Arc::new(Semaphore::new(config.inbound_budget_bytes())),
+            gate: ConnectionGate::new(config.connection_limits),
+            accept_warnings: SharedLogLimiter::for_remote_input(),
+            refusal_warnings: SharedLogLimiter::for_remote_input(),
+            drop_warnings: SharedLogLimiter::for_remote_input(),
+        });
+        tokio::spawn(accept_loop(listener, inbound.clone(), shutdown_rx));
         let mut transport = Transport {
             config: config.clone(),
             local_addr,
+            inbound,
             outbound: BTreeMap::new(),
             events,
             stats,
@@ -223,63 +335,87 @@ impl Transport {
         &self.stats
     }
 
+    /// Bytes of the inbound budget held now: frames being read and frames
+    /// not yet dropped by the runtime.
+    pub fn inbound_buffered_bytes(&self) -> usize {
+        self.config
+            .inbound_budget_bytes()
+            .saturating_sub(self.inbound.budget.available_permits())
+    }
+
+    /// Inbound connections open now.
+    pub fn inbound_connections(&self) -> usize {
+        self.inbound.gate.open_connections()
+    }
+
     /// Stops every task of the transport.
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// What every inbound connection shares.
+struct Inbound {
     config: TransportConfig,
     events: mpsc::Sender<TransportEvent>,
     stats: Arc<TransportStats>,
+    /// One permit per byte held for frames from peers.
+    budget: Arc<Semaphore>,
+    gate: ConnectionGate,
+    accept_warnings: SharedLogLimiter,
+    refusal_warnings: SharedLogLimiter,
+    drop_warnings: SharedLogLimiter,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    inbound: Arc<Inbound>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
-        tokio::select! {
+        let (stream, remote, ticket) = tokio::select! {
             _ = shutdown.changed() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, remote)) => {
-                    tokio::spawn(inbound_connection(
-                        stream,
-                        remote,
-                        config.clone(),
-                        events.clone(),
-                        stats.clone(),
-                        shutdown.clone(),
-                    ));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a peer connection failed");
-                    // Out of file descriptors and similar: don't spin.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
+            accepted = inbound.gate.accept(&listener, "peer", &inbound.accept_warnings) => accepted,
+        };
+        let inbound = inbound.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            inbound_connection(stream, remote, &inbound, shutdown).await;
+            // The connection's place is given back once it is closed.
+            drop(ticket);
+        });
     }
 }
 
 async fn inbound_connection(
     mut stream: TcpStream,
     remote: SocketAddr,
-    config: TransportConfig,
-    events: mpsc::Sender<TransportEvent>,
-    stats: Arc<TransportStats>,
+    inbound: &Inbound,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let config = &inbound.config;
+    let stats = &inbound.stats;
     let _ = stream.set_nodelay(true);
-    let mut buffer = BytesMut::with_capacity(64 << 10);
+    // Before the hello a connection has proved nothing: it may send a
+    // hello's bytes, unpaid (they are that few), and nothing more.
+    let hello_limits = ReadLimits {
+        frame_bytes_max: HELLO_BYTES as u32,
+        budget: None,
+        read_timeout: config.connect_timeout,
+    };
+    let mut reader = FrameReader::new();
     let hello = match tokio::time::timeout(
         config.connect_timeout,
-        read_frame(&mut stream, &mut buffer, config.frame_bytes_max),
+        reader.next(&mut stream, &hello_limits),
     )
     .await
     {
-        Ok(Ok(payload)) => match Hello::decode(&payload) {
+        Ok(Ok((payload, _))) => match Hello::decode(&payload) {
             Ok(hello) => hello,
             Err(error) => {
-                tracing::warn!(%remote, %error, "refused a peer connection");
+                if let Some(suppressed) = inbound.refusal_warnings.allow() {
+                    tracing::warn!(%remote, %error, suppressed, "refused a peer connection");
+                }
                 stats.handshakes_refused.fetch_add(1, Ordering::Relaxed);
                 let _ = write_frame(&mut stream, &encode_answer(Some(&error.to_string()))).await;
                 return;
@@ -295,7 +431,9 @@ async fn inbound_connection(
         }
     };
     if let Err(reason) = hello.verify(config.cluster_id, config.node_id) {
-        tracing::warn!(%remote, %reason, "refused a peer connection");
+        if let Some(suppressed) = inbound.refusal_warnings.allow() {
+            tracing::warn!(%remote, %reason, suppressed, "refused a peer connection");
+        }
         stats.handshakes_refused.fetch_add(1, Ordering::Relaxed);
         let _ = write_frame(&mut stream, &encode_answer(Some(&reason))).await;
         return;
@@ -308,26 +446,170 @@ async fn inbound_connection(
     }
     let from = hello.from;
     tracing::debug!(%remote, peer = %Hex(from), "accepted a peer connection");
+    let limits = ReadLimits {
+        frame_bytes_max: config.frame_bytes_max,
+        budget: Some(&inbound.budget),
+        read_timeout: config.read_timeout,
+    };
     loop {
-        let payload = tokio::select! {
+        let (payload, lease) = tokio::select! {
             _ = shutdown.changed() => return,
-            read = read_frame(&mut stream, &mut buffer, config.frame_bytes_max) => match read {
-                Ok(payload) => payload,
+            read = reader.next(&mut stream, &limits) => match read {
+                Ok(frame) => frame,
                 Err(ConnectionError::Closed) => return,
                 Err(error) => {
-                    tracing::warn!(peer = %Hex(from), %error, "dropping peer connection");
+                    if matches!(
+                        error,
+                        ConnectionError::Silent(_)
+                            | ConnectionError::Slow(_)
+                            | ConnectionError::Starved(_)
+                    ) {
+                        stats.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(suppressed) = inbound.drop_warnings.allow() {
+                        tracing::warn!(peer = %Hex(from), %remote, %error, suppressed, "dropping peer connection");
+                    }
                     return;
                 }
             },
         };
-        if events
-            .send(TransportEvent::Received { from, payload })
-            .await
-            .is_err()
-        {
+        let event = TransportEvent::Received {
+            from,
+            payload,
+            lease,
+        };
+        // Waiting here (the runtime is behind) stops this connection's
+        // reads, and TCP pushes back on the peer.
+        if inbound.events.send(event).await.is_err() {
             return; // The runtime is gone.
         }
     }
+}
+
+/// What a [`FrameReader`] may read and hold.
+struct ReadLimits<'a> {
+    /// The largest frame payload accepted.
+    frame_bytes_max: u32,
+    /// Where every byte held is paid for, if anywhere.
+    budget: Option<&'a Arc<Semaphore>>,
+    /// The longest wait for the next byte.
+    read_timeout: Duration,
+}
+
+/// Reads frames off one connection, holding no byte beyond the frame in
+/// progress, allocating only for bytes that arrived, and paying for every
+/// byte held from the limits' budget.
+struct FrameReader {
+    buffer: BytesMut,
+    /// The budget's permits for the bytes in `buffer`.
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl FrameReader {
+    fn new() -> FrameReader {
+        FrameReader {
+            buffer: BytesMut::new(),
+            held: None,
+        }
+    }
+
+    /// The next frame and its share of the budget.
+    async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        stream: &mut R,
+        limits: &ReadLimits<'_>,
+    ) -> Result<(Bytes, BufferLease), ConnectionError> {
+        let mut frame_deadline: Option<Instant> = None;
+        loop {
+            if let Some(payload) = decode_frame(&mut self.buffer, limits.frame_bytes_max)? {
+                // Nothing past the frame was read, so everything held pays
+                // for it.
+                debug_assert!(self.buffer.is_empty());
+                return Ok((payload, BufferLease(self.held.take())));
+            }
+            if frame_deadline.is_none() && self.buffer.len() >= FRAME_HEADER_BYTES {
+                let frame_bytes = frame_bytes_missing(&self.buffer) + self.buffer.len();
+                let transfer = Duration::from_secs(frame_bytes as u64 / FRAME_BYTES_PER_SECOND_MIN);
+                frame_deadline =
+                    Instant::now().checked_add(limits.read_timeout.saturating_add(transfer));
+            }
+            // Never past the frame, nor past the largest frame allowed
+            // (before the header is whole its length is not checked yet).
+            let frame_bytes_allowed =
+                FRAME_HEADER_BYTES.saturating_add(limits.frame_bytes_max as usize);
+            let wanted = frame_bytes_missing(&self.buffer)
+                .min(frame_bytes_allowed.saturating_sub(self.buffer.len()))
+                .clamp(1, READ_CHUNK_BYTES);
+            if let Some(budget) = limits.budget {
+                // `wanted` fits a u32: it is at most READ_CHUNK_BYTES. The
+                // budget is never closed; if it were, the transport is going
+                // away and so is this connection.
+                //
+                // The wait is bounded too: a connection waiting here holds
+                // what it paid for its frame so far, and if every byte of
+                // the budget is held by connections that wait (peers that
+                // sent parts of large frames and stopped, or went away
+                // unnoticed because nobody reads from them), nothing would
+                // ever be given back. Closing the connection breaks that;
+                // a live peer dials again.
+                let waiting_since = Instant::now();
+                let paid = match tokio::time::timeout(
+                    limits.read_timeout,
+                    budget.clone().acquire_many_owned(wanted as u32),
+                )
+                .await
+                {
+                    Ok(Ok(paid)) => paid,
+                    Ok(Err(_)) => return Err(ConnectionError::Closed),
+                    Err(_) => return Err(ConnectionError::Starved(limits.read_timeout)),
+                };
+                // Time spent waiting for the budget is this node's, not the
+                // peer's: it does not count against the frame's deadline.
+                let waited = waiting_since.elapsed();
+                frame_deadline = frame_deadline.map(|at| at.checked_add(waited).unwrap_or(at));
+                match self.held.as_mut() {
+                    Some(held) => held.merge(paid),
+                    None => self.held = Some(paid),
+                }
+            }
+            self.buffer.reserve(wanted);
+            let mut deadline = Instant::now()
+                .checked_add(limits.read_timeout)
+                .unwrap_or_else(far_future);
+            if let Some(frame_deadline) = frame_deadline {
+                deadline = deadline.min(frame_deadline);
+            }
+            let read = tokio::time::timeout_at(
+                deadline,
+                (&mut *stream)
+                    .take(wanted as u64)
+                    .read_buf(&mut self.buffer),
+            )
+            .await;
+            let read_bytes = match read {
+                Ok(Ok(n)) => n,
+                Ok(Err(error)) => return Err(ConnectionError::Io(error)),
+                Err(_) if frame_deadline.is_some_and(|at| Instant::now() >= at) => {
+                    return Err(ConnectionError::Slow(
+                        frame_bytes_missing(&self.buffer) + self.buffer.len(),
+                    ));
+                }
+                Err(_) => return Err(ConnectionError::Silent(limits.read_timeout)),
+            };
+            if let Some(held) = self.held.as_mut() {
+                // Give back what was paid for and did not arrive.
+                drop(held.split(wanted.saturating_sub(read_bytes)));
+            }
+            if read_bytes == 0 {
+                return Err(ConnectionError::Closed);
+            }
+        }
+    }
+}
+
+/// An instant far enough ahead to stand for "no deadline".
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(30 * 365 * 24 * 3600)
 }
 
 async fn outbound_loop(
@@ -410,8 +692,13 @@ async fn connect(
         to: peer,
     };
     write_frame(&mut stream, &hello.encode()).await?;
-    let mut buffer = BytesMut::new();
-    let answer = read_frame(&mut stream, &mut buffer, config.frame_bytes_max).await?;
+    // The answer is empty or a short reason: nothing longer is read.
+    let limits = ReadLimits {
+        frame_bytes_max: REASON_BYTES_MAX as u32,
+        budget: None,
+        read_timeout: config.connect_timeout,
+    };
+    let (answer, _) = FrameReader::new().next(&mut stream, &limits).await?;
     decode_answer(&answer)?;
     Ok(stream)
 }
@@ -465,21 +752,6 @@ async fn write_loop(
             return WriteLoopEnd::Failed(ConnectionError::Io(error));
         }
         stats.frames_sent.fetch_add(frames, Ordering::Relaxed);
-    }
-}
-
-async fn read_frame(
-    stream: &mut TcpStream,
-    buffer: &mut BytesMut,
-    limit_bytes: u32,
-) -> Result<Bytes, ConnectionError> {
-    loop {
-        if let Some(frame) = decode_frame(buffer, limit_bytes)? {
-            return Ok(frame);
-        }
-        if stream.read_buf(buffer).await? == 0 {
-            return Err(ConnectionError::Closed);
-        }
     }
 }
 
@@ -552,7 +824,8 @@ mod tests {
                 next_event(&mut rx_b).await,
                 TransportEvent::Received {
                     from: 1,
-                    payload: Bytes::from(vec![i; 10])
+                    payload: Bytes::from(vec![i; 10]),
+                    lease: BufferLease::default(),
                 }
             );
         }
@@ -591,6 +864,196 @@ mod tests {
         assert!(rx_a.try_recv().is_err());
         a.shutdown();
         b.shutdown();
+    }
+
+    /// Dials `addr` as node 9 of cluster 42 and completes the handshake.
+    async fn handshaken(addr: SocketAddr) -> TcpStream {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let hello = Hello {
+            cluster_id: 42,
+            from: 9,
+            to: 1,
+        };
+        write_frame(&mut stream, &hello.encode()).await.unwrap();
+        let mut answer = [0u8; FRAME_HEADER_BYTES];
+        stream.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer[..4], [0, 0, 0, 0], "refused");
+        stream
+    }
+
+    /// A frame header announcing `length_bytes`, with a checksum that will
+    /// not match.
+    fn bare_header(length_bytes: u32) -> [u8; FRAME_HEADER_BYTES] {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        header[..4].copy_from_slice(&length_bytes.to_le_bytes());
+        header
+    }
+
+    /// Whether the transport closed `stream` within `within`.
+    async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+        let mut sink = [0u8; 1024];
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
+                Err(_) => return false,
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_may_send_no_more_than_a_hello_before_its_hello() {
+        let (events, _rx) = mpsc::channel(64);
+        let mut config = TransportConfig::new(1, 42, loopback());
+        config.connect_timeout = Duration::from_secs(30);
+        let a = Transport::start(config, events).await.unwrap();
+        // As reported: a 64 MiB frame header before any hello used to make
+        // the node reserve 64 MiB and wait for it.
+        let mut stream = TcpStream::connect(a.local_addr()).await.unwrap();
+        stream.write_all(&bare_header(64 << 20)).await.unwrap();
+        stream.write_all(&[7u8; 4096]).await.unwrap();
+        assert!(
+            closed_within(&mut stream, Duration::from_secs(5)).await,
+            "an oversized hello was waited for"
+        );
+        assert_eq!(a.inbound_buffered_bytes(), 0);
+        a.shutdown();
+    }
+
+    #[tokio::test]
+    async fn what_peers_can_make_the_node_hold_is_bounded_in_total_and_in_time() {
+        let (events, mut rx) = mpsc::channel(64);
+        let mut config = TransportConfig::new(1, 42, loopback());
+        config.frame_bytes_max = 1 << 20;
+        config.inbound_buffered_bytes_max = 3 << 20;
+        config.read_timeout = Duration::from_millis(500);
+        let a = Transport::start(config, events).await.unwrap();
+        let budget_bytes = 3 << 20;
+        // Eight handshaken connections each send most of a 1 MiB frame and
+        // stop: 7 MiB offered, and without bounds all of it held.
+        let mut writers = Vec::new();
+        for _ in 0..8 {
+            let mut stream = handshaken(a.local_addr()).await;
+            writers.push(tokio::spawn(async move {
+                stream.write_all(&bare_header(1 << 20)).await?;
+                stream.write_all(&vec![5u8; 900 << 10]).await?;
+                // Hold the connection open, silent.
+                let mut sink = [0u8; 16];
+                let _ = stream.read(&mut sink).await;
+                Ok::<_, std::io::Error>(())
+            }));
+        }
+        let mut peak_bytes = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let held = a.inbound_buffered_bytes();
+            peak_bytes = peak_bytes.max(held);
+            assert!(held <= budget_bytes, "{held} bytes held");
+            if a.stats().connections_timed_out.load(Ordering::Relaxed) == 8 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "silent connections were not closed ({} of 8)",
+                a.stats().connections_timed_out.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(peak_bytes > 1 << 20, "the test did not fill the budget");
+        // Every connection closed: nothing is held any more.
+        assert_eq!(a.inbound_buffered_bytes(), 0);
+        for writer in writers {
+            let _ = writer.await;
+        }
+        // A frame that arrives whole is still delivered, and holds its
+        // bytes of the budget until the runtime drops it.
+        let mut stream = handshaken(a.local_addr()).await;
+        let mut frame = BytesMut::new();
+        encode_frame(&[3u8; 1000], &mut frame);
+        stream.write_all(&frame).await.unwrap();
+        let event = next_event(&mut rx).await;
+        let TransportEvent::Received { payload, lease, .. } = event else {
+            panic!("expected a frame, got {event:?}");
+        };
+        assert_eq!(payload.len(), 1000);
+        assert_eq!(lease.bytes(), 1000 + FRAME_HEADER_BYTES);
+        // The reader has paid for the next frame's header already.
+        assert_eq!(a.inbound_buffered_bytes(), 1000 + 2 * FRAME_HEADER_BYTES);
+        drop(lease);
+        assert_eq!(a.inbound_buffered_bytes(), FRAME_HEADER_BYTES);
+        a.shutdown();
+    }
+
+    #[tokio::test]
+    async fn connections_each_holding_part_of_a_frame_cannot_deadlock_the_budget() {
+        let (events, mut rx) = mpsc::channel(64);
+        let mut config = TransportConfig::new(1, 42, loopback());
+        config.frame_bytes_max = 1 << 20;
+        // Raised to one largest frame: eight connections reading at once
+        // share it, each holding a part of its frame and waiting for more.
+        config.inbound_buffered_bytes_max = 0;
+        config.read_timeout = Duration::from_millis(500);
+        let a = Transport::start(config, events).await.unwrap();
+        let mut writers = Vec::new();
+        for _ in 0..8 {
+            let mut stream = handshaken(a.local_addr()).await;
+            writers.push(tokio::spawn(async move {
+                stream.write_all(&bare_header(1 << 20)).await?;
+                stream.write_all(&vec![5u8; (1 << 20) - 1]).await?;
+                let mut sink = [0u8; 16];
+                let _ = stream.read(&mut sink).await;
+                Ok::<_, std::io::Error>(())
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while a.stats().connections_timed_out.load(Ordering::Relaxed) < 8 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the budget stayed held: {} bytes, {} of 8 connections closed",
+                a.inbound_buffered_bytes(),
+                a.stats().connections_timed_out.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for writer in writers {
+            let _ = writer.await;
+        }
+        assert_eq!(a.inbound_buffered_bytes(), 0);
+        // And the budget serves the next peer.
+        let mut stream = handshaken(a.local_addr()).await;
+        let mut frame = BytesMut::new();
+        encode_frame(b"after", &mut frame);
+        stream.write_all(&frame).await.unwrap();
+        assert!(matches!(
+            next_event(&mut rx).await,
+            TransportEvent::Received { payload, .. } if payload.as_ref() == b"after"
+        ));
+        a.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_peer_trickling_a_frame_is_closed_as_too_slow() {
+        let (events, _rx) = mpsc::channel(64);
+        let mut config = TransportConfig::new(1, 42, loopback());
+        config.read_timeout = Duration::from_millis(600);
+        let a = Transport::start(config, events).await.unwrap();
+        let mut stream = handshaken(a.local_addr()).await;
+        stream.write_all(&bare_header(1000)).await.unwrap();
+        // A byte every 200 ms never trips the read timeout, but the frame
+        // is due within 600 ms.
+        let started = tokio::time::Instant::now();
+        loop {
+            if stream.write_all(&[1u8]).await.is_err() {
+                break;
+            }
+            if closed_within(&mut stream, Duration::from_millis(200)).await {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "never closed");
+        }
+        assert_eq!(a.stats().connections_timed_out.load(Ordering::Relaxed), 1);
+        a.shutdown();
     }
 
     #[tokio::test]

@@ -59,8 +59,29 @@ pub struct NodeConfig {
     pub kv_limits: KvLimits,
     /// Limits of the watch hub.
     pub watch_limits: WatchLimits,
-    /// Settings of the gRPC API.
+    /// Settings of the gRPC API. Its connection limits are derived at start
+    /// from the fields below and the open files limit.
     pub api_options: ApiOptions,
+    /// The most client connections at once; `None` for what the open files
+    /// limit leaves after `reserved_fds` and the peers' share (see
+    /// [`crate::connections::split_descriptors`]). Never more than that.
+    pub max_client_connections: Option<usize>,
+    /// The most connections at once from one IP address, on the client and
+    /// on the peer listener.
+    pub max_connections_per_ip: usize,
+    /// The most inbound peer connections at once (members dial one each).
+    pub max_peer_connections: usize,
+    /// File descriptors kept free of connections: for the log's segments,
+    /// snapshot files, directory syncs, outbound peer connections and the
+    /// process itself, so that no number of connections can keep the
+    /// storage from opening a file.
+    pub reserved_fds: u64,
+    /// The longest an inbound peer connection may go without a byte.
+    pub peer_read_timeout: Duration,
+    /// The most bytes held for frames from peers, in all.
+    pub peer_buffered_bytes_max: usize,
+    /// The size a log segment grows to before the next one is started.
+    pub wal_segment_size_bytes_max: u64,
 }
 
 impl NodeConfig {
@@ -90,6 +111,13 @@ impl NodeConfig {
             kv_limits: KvLimits::default(),
             watch_limits: WatchLimits::default(),
             api_options: ApiOptions::default(),
+            max_client_connections: None,
+            max_connections_per_ip: 128,
+            max_peer_connections: 32,
+            reserved_fds: 64,
+            peer_read_timeout: Duration::from_secs(30),
+            peer_buffered_bytes_max: 256 << 20,
+            wal_segment_size_bytes_max: 64 << 20,
         }
     }
 }

@@ -21,8 +21,10 @@ use super::config::NodeConfig;
 use super::member_addrs;
 use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
+use crate::connections::{open_files_limit, split_descriptors, ConnectionLimits};
 use crate::error::ApiError;
 use crate::kv_state::{CommandResponse, KvLimits, KvState};
+use crate::log_limit::LogLimiter;
 use crate::member_id::Hex;
 use crate::peer::{
     decode_message, encode_message, Transport, TransportConfig, TransportError, TransportEvent,
@@ -37,6 +39,10 @@ const CALLS_QUEUED_MAX: usize = 4096;
 const TRANSPORT_EVENTS_QUEUED_MAX: usize = 8192;
 /// Most leases one expiry proposal removes.
 const EXPIRED_LEASES_PER_COMMAND_MAX: usize = 64;
+/// How long after a local snapshot failed for lack of descriptors or space
+/// the next one is tried: building one can cost a pass over the whole
+/// state, and the log keeps every entry meanwhile.
+const SNAPSHOT_RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why a node could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -187,8 +193,12 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     // A log that lost data it had synced (`StorageError::LostSyncedData`)
     // is refused here like corruption: the node must not start, least of
     // all as a voter, and the error's message names the way back.
+    let wal_options = WalOptions {
+        segment_size_bytes_max: config.wal_segment_size_bytes_max.max(1),
+        ..WalOptions::default()
+    };
     let (storage, report) =
-        Storage::open(FsDisk, &config.data_dir, WalOptions::default()).map_err(storage_error)?;
+        Storage::open(FsDisk, &config.data_dir, wal_options).map_err(storage_error)?;
     if report.wal.truncated_bytes > 0 {
         tracing::warn!(
             bytes = report.wal.truncated_bytes,
@@ -254,9 +264,49 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     let applied = restored.applied;
     let node = RaftNode::new(options, restored, seed)?;
 
+    // Connections get what the open files limit leaves after a reserve for
+    // the storage, so that no number of them can keep the log from
+    // creating its next segment.
+    let open_files = match open_files_limit() {
+        Ok(limit) => limit,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open files limit; assuming 1024");
+            1024
+        }
+    };
+    let split = split_descriptors(
+        open_files,
+        config.reserved_fds,
+        config.max_client_connections,
+        config.max_peer_connections,
+    );
+    if let Some(warning) = &split.warning {
+        tracing::warn!("{warning}");
+    }
+    let per_ip = config.max_connections_per_ip.max(1);
+    let client_limits = ConnectionLimits {
+        connections_max: split.client_connections_max,
+        connections_per_ip_max: per_ip.min(split.client_connections_max),
+    };
+    let peer_limits = ConnectionLimits {
+        connections_max: split.peer_connections_max,
+        connections_per_ip_max: per_ip.min(split.peer_connections_max),
+    };
+    tracing::info!(
+        open_files,
+        reserved_fds = config.reserved_fds,
+        client_connections_max = client_limits.connections_max,
+        peer_connections_max = peer_limits.connections_max,
+        connections_per_ip_max = per_ip,
+        "connection limits"
+    );
+
     let (transport_events_tx, transport_events) = mpsc::channel(TRANSPORT_EVENTS_QUEUED_MAX);
     let mut transport_config =
         TransportConfig::new(config.node_id, config.cluster_id, config.peer_listen);
+    transport_config.connection_limits = peer_limits;
+    transport_config.read_timeout = config.peer_read_timeout;
+    transport_config.inbound_buffered_bytes_max = config.peer_buffered_bytes_max;
     transport_config.peers = config
         .members
         .iter()
@@ -300,7 +350,9 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
 
-    let api = EtcdApi::new(backend.clone(), config.api_options.clone());
+    let mut api_options = config.api_options.clone();
+    api_options.connection_limits = client_limits;
+    let api = EtcdApi::new(backend.clone(), api_options);
     let mut api_shutdown = shutdown_rx.clone();
     let api_task = tokio::spawn(async move {
         let stop = async move {
@@ -401,6 +453,30 @@ struct Driver {
     /// Per kind of fault, the tick it was last logged at and how many were
     /// not logged since: a faulty peer can cause one per message.
     fault_log: BTreeMap<&'static str, (u64, u64)>,
+    /// Storage shortages being waited out, as the status reports them.
+    troubles: Troubles,
+    /// Whether the status's errors need to be published again.
+    errors_changed: bool,
+    /// No local snapshot is tried before this (after one failed for lack
+    /// of descriptors or space).
+    snapshot_retry_at: Option<Instant>,
+    /// Warnings a peer can cause, rate limited.
+    undecodable_warnings: LogLimiter,
+    misaddressed_warnings: LogLimiter,
+    snapshot_chunk_warnings: LogLimiter,
+    /// Warnings of storage shortages, rate limited.
+    storage_warnings: LogLimiter,
+}
+
+/// Storage shortages the node waits out instead of stopping (out of file
+/// descriptors, space or quota where nothing was lost), each with the text
+/// the status's errors carry while it lasts.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Troubles {
+    /// The log cannot start a new segment and writes on in the current one.
+    rotation: Option<String>,
+    /// A local snapshot could not be taken.
+    snapshot: Option<String>,
 }
 
 /// The way back for a member whose log contradicts its group's.
@@ -503,6 +579,13 @@ impl Driver {
             role: Role::Follower,
             removed: false,
             fault_log: BTreeMap::new(),
+            troubles: Troubles::default(),
+            errors_changed: false,
+            snapshot_retry_at: None,
+            undecodable_warnings: LogLimiter::for_remote_input(),
+            misaddressed_warnings: LogLimiter::for_remote_input(),
+            snapshot_chunk_warnings: LogLimiter::for_remote_input(),
+            storage_warnings: LogLimiter::for_remote_input(),
         };
         (driver, snapshot_written, snapshot_restored)
     }
@@ -595,21 +678,35 @@ impl Driver {
         match event {
             TransportEvent::Connected(peer) => self.step(Input::PeerConnected(peer)),
             TransportEvent::Disconnected(peer) => self.step(Input::PeerDisconnected(peer)),
-            TransportEvent::Received { from, payload } => match decode_message(&payload) {
+            // The lease holds the frame's share of the transport's inbound
+            // budget until the frame has been taken in.
+            TransportEvent::Received {
+                from,
+                payload,
+                lease: _lease,
+            } => match decode_message(&payload) {
                 Ok(message) if message.from == from && message.group == KV_GROUP => {
                     self.step(Input::Message(message))
                 }
+                // A peer can send these as fast as it likes: the warnings
+                // are rate limited, so that it cannot fill the disk with
+                // the log.
                 Ok(message) => {
-                    tracing::warn!(
-                        peer = %Hex(from),
-                        claimed = %Hex(message.from),
-                        group = message.group,
-                        "dropping a message with the wrong sender or group"
-                    );
+                    if let Some(suppressed) = self.misaddressed_warnings.allow() {
+                        tracing::warn!(
+                            peer = %Hex(from),
+                            claimed = %Hex(message.from),
+                            group = message.group,
+                            suppressed,
+                            "dropping a message with the wrong sender or group"
+                        );
+                    }
                     Ok(())
                 }
                 Err(error) => {
-                    tracing::warn!(peer = %Hex(from), %error, "dropping a message that does not decode");
+                    if let Some(suppressed) = self.undecodable_warnings.allow() {
+                        tracing::warn!(peer = %Hex(from), %error, suppressed, "dropping a message that does not decode");
+                    }
                     Ok(())
                 }
             },
@@ -703,12 +800,23 @@ impl Driver {
                 offset,
                 max_bytes,
             } => {
-                let chunk = self.storage.snapshots.read_chunk(
+                let chunk = match self.storage.snapshots.read_chunk(
                     KV_GROUP,
                     snapshot_index,
                     offset,
                     max_bytes,
-                )?;
+                ) {
+                    Ok(chunk) => chunk,
+                    Err(error) if error.is_transient() => {
+                        // Not answered: the engine asks for the chunk again
+                        // after its chunk timeout.
+                        if let Some(suppressed) = self.storage_warnings.allow() {
+                            tracing::warn!(%error, suppressed, to = %Hex(to), "cannot read a snapshot chunk for a follower for now; the transfer is retried");
+                        }
+                        return Ok(());
+                    }
+                    Err(error) => return Err(error.into()),
+                };
                 self.step(Input::SnapshotChunkLoaded {
                     to,
                     snapshot_index,
@@ -748,6 +856,7 @@ impl Driver {
             }
             Action::Removed => {
                 self.removed = true;
+                self.errors_changed = true;
                 tracing::warn!(
                     "this node was removed from the cluster; it serves no more requests"
                 );
@@ -928,7 +1037,9 @@ impl Driver {
             },
             Ok(()) => ChunkSaved::Written,
             Err(reason) => {
-                tracing::warn!(index = meta.index, offset, %reason, "could not save a snapshot chunk; the leader will start over");
+                if let Some(suppressed) = self.snapshot_chunk_warnings.allow() {
+                    tracing::warn!(index = meta.index, offset, %reason, suppressed, "could not save a snapshot chunk; the leader will start over");
+                }
                 self.receiving = None;
                 ChunkSaved::Failed
             }
@@ -1045,6 +1156,7 @@ impl Driver {
     fn maybe_snapshot(&mut self) -> Result<(), DriverError> {
         if self.snapshot_building.is_some()
             || self.applied < self.snapshot_index + self.config.snapshot_interval_entries
+            || self.snapshot_retry_at.is_some_and(|at| Instant::now() < at)
         {
             return Ok(());
         }
@@ -1058,8 +1170,15 @@ impl Driver {
             config: self.node.config().clone(),
         };
         let busy_started = Instant::now();
+        let mut writer = match self.storage.begin_snapshot(KV_GROUP, meta) {
+            Ok(writer) => writer,
+            Err(error) if error.is_transient() => {
+                self.snapshot_deferred(&error);
+                return Ok(());
+            }
+            Err(error) => return Err(error.into()),
+        };
         let source = self.state.lock().snapshot_source();
-        let mut writer = self.storage.begin_snapshot(KV_GROUP, meta)?;
         self.snapshot_building = Some(index);
         tracing::debug!(
             index,
@@ -1100,7 +1219,15 @@ impl Driver {
         let index = writer.meta().index;
         debug_assert_eq!(self.snapshot_building, Some(index));
         self.snapshot_building = None;
-        outcome?;
+        if let Err(error) = outcome {
+            if !error.is_transient() {
+                return Err(error.into());
+            }
+            // Out of space while writing it, typically: give the space back.
+            self.storage.abandon_snapshot(writer);
+            self.snapshot_deferred(&error);
+            return Ok(());
+        }
         if index <= self.snapshot_index {
             // A snapshot from the leader was installed meanwhile and is newer.
             tracing::debug!(
@@ -1111,7 +1238,16 @@ impl Driver {
             return Ok(());
         }
         let finish_started = Instant::now();
-        self.storage.save_snapshot(writer)?;
+        match self.storage.save_snapshot(writer) {
+            Ok(_) => {}
+            Err(error) if error.is_transient() => {
+                self.snapshot_deferred(&error);
+                return Ok(());
+            }
+            Err(error) => return Err(error.into()),
+        }
+        self.snapshot_retry_at = None;
+        self.set_trouble(|t| &mut t.snapshot, None);
         self.snapshot_index = index;
         tracing::debug!(
             index,
@@ -1121,6 +1257,58 @@ impl Driver {
         self.step(Input::SnapshotBuilt { index })?;
         // More may have been applied while it was written.
         self.maybe_snapshot()
+    }
+
+    /// A local snapshot failed for lack of descriptors, space or quota:
+    /// nothing is lost (the log keeps every entry), so the node goes on,
+    /// says so, and tries again after [`SNAPSHOT_RETRY_DELAY`].
+    fn snapshot_deferred(&mut self, error: &StorageError) {
+        self.snapshot_retry_at = Instant::now().checked_add(SNAPSHOT_RETRY_DELAY);
+        if let Some(suppressed) = self.storage_warnings.allow() {
+            tracing::warn!(
+                %error,
+                suppressed,
+                "cannot take a snapshot for now; the log keeps every entry meanwhile, retrying in {SNAPSHOT_RETRY_DELAY:?}"
+            );
+        }
+        self.set_trouble(
+            |t| &mut t.snapshot,
+            Some(format!("storage: cannot take a snapshot: {error}")),
+        );
+    }
+
+    /// Records a storage shortage (or its end) for the status.
+    fn set_trouble(
+        &mut self,
+        which: fn(&mut Troubles) -> &mut Option<String>,
+        now: Option<String>,
+    ) {
+        let slot = which(&mut self.troubles);
+        if *slot != now {
+            *slot = now;
+            self.errors_changed = true;
+        }
+    }
+
+    /// Notices the log starting (or no longer unable to start) new segments.
+    fn watch_rotation(&mut self) {
+        let deferred = self.storage.wal.rotation_deferred();
+        if deferred.is_none() && self.troubles.rotation.is_none() {
+            return;
+        }
+        let now = deferred.map(|error| {
+            format!(
+                "storage: cannot start a new log segment, writing on in the current one: {error}"
+            )
+        });
+        if now == self.troubles.rotation {
+            return;
+        }
+        match &now {
+            Some(text) => tracing::warn!("{text}; retrying as the segment grows"),
+            None => tracing::info!("the log starts new segments again"),
+        }
+        self.set_trouble(|t| &mut t.rotation, now);
     }
 
     /// Makes the transport dial exactly the other members of the current
@@ -1200,6 +1388,17 @@ impl Driver {
     /// Publishes the node's view for the API. Runs after every step, so it
     /// reads fields rather than building a full status.
     fn publish_status(&mut self) {
+        self.watch_rotation();
+        let errors = self.errors_changed.then(|| {
+            let mut errors = Vec::new();
+            if self.removed {
+                errors.push("this member has been removed from the cluster".to_string());
+            }
+            errors.extend(self.troubles.rotation.iter().cloned());
+            errors.extend(self.troubles.snapshot.iter().cloned());
+            errors
+        });
+        self.errors_changed = false;
         let config_changed = {
             let mut view = self
                 .view
@@ -1216,10 +1415,8 @@ impl Driver {
             published.raft_index = self.node.last_index();
             published.raft_applied_index = self.node.applied_index();
             published.is_learner = config.is_learner(self.config.node_id);
-            if self.removed && published.errors.is_empty() {
-                published
-                    .errors
-                    .push("this member has been removed from the cluster".into());
+            if let Some(errors) = errors {
+                published.errors = errors;
             }
             changed
         };

@@ -231,8 +231,11 @@ impl Simulation {
     /// and is restarted later on what its disk holds.
     pub(super) fn storage_failed(&mut self, id: NodeId, error: StorageError) {
         match &error {
-            // What a disk can do to the storage.
+            // What a disk can do to the storage. (The simulated disk runs
+            // out of neither descriptors nor space, so `Unavailable` does
+            // not come up; if it did, it is the disk's doing too.)
             StorageError::Io { .. }
+            | StorageError::Unavailable { .. }
             | StorageError::Corrupt { .. }
             | StorageError::LostSyncedData { .. }
             | StorageError::Poisoned(_) => {}
