@@ -468,6 +468,62 @@ mod tests {
     }
 
     #[test]
+    fn connection_and_storage_limits_reach_the_node_config() {
+        let config = node_config(ServeArgs {
+            id: Some("1".into()),
+            max_client_connections: Some(500),
+            max_connections_per_ip: Some(8),
+            max_peer_connections: Some(12),
+            reserved_fds: Some(100),
+            client_handshake_timeout_ms: Some(1500),
+            client_idle_timeout_ms: Some(9000),
+            peer_read_timeout_ms: Some(4000),
+            peer_buffered_bytes_max: Some(1 << 30),
+            wal_segment_bytes: Some(1 << 20),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(config.max_client_connections, Some(500));
+        assert_eq!(config.max_connections_per_ip, 8);
+        assert_eq!(config.max_peer_connections, 12);
+        assert_eq!(config.reserved_fds, 100);
+        let timeouts = config.api_options.client_timeouts;
+        assert_eq!(timeouts.handshake, Duration::from_millis(1500));
+        assert_eq!(timeouts.idle, Duration::from_millis(9000));
+        assert_eq!(config.peer_read_timeout, Duration::from_millis(4000));
+        assert_eq!(config.peer_buffered_bytes_max, 1 << 30);
+        assert_eq!(config.wal_segment_size_bytes_max, 1 << 20);
+        // Without flags: the limits come from the open files limit.
+        let defaults = node_config(ServeArgs {
+            id: Some("1".into()),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(defaults.max_client_connections, None);
+        for zero in [
+            ServeArgs {
+                max_connections_per_ip: Some(0),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                client_idle_timeout_ms: Some(0),
+                ..ServeArgs::default()
+            },
+            ServeArgs {
+                wal_segment_bytes: Some(0),
+                ..ServeArgs::default()
+            },
+        ] {
+            let error = node_config(ServeArgs {
+                id: Some("1".into()),
+                ..zero
+            })
+            .unwrap_err();
+            assert!(error.contains("at least 1"), "{error}");
+        }
+    }
+
+    #[test]
     fn a_lone_node_founds_a_cluster_of_itself() {
         let config = node_config(ServeArgs {
             id: Some("1".into()),
