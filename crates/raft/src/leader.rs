@@ -8,7 +8,7 @@ use crate::fault::Fault;
 use crate::io::Action;
 use crate::message::{AppendResult, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 use crate::node::{LeaderState, RaftNode, RoleState, Transfer, ROUNDS_REMEMBERED_MAX};
-use crate::progress::{Progress, ReplicationState};
+use crate::progress::{Progress, ReplicationState, SnapshotTransfer};
 use crate::quorum::{committed_index, is_quorum};
 use crate::request::{RequestError, Response};
 use crate::types::{Entry, EntryPayload, Index, NodeId};
@@ -645,6 +645,14 @@ impl RaftNode {
         self.resend_snapshot_from(peer, 0, actions);
     }
 
+    /// The snapshot transfer to `peer`, if this node leads and sends it one.
+    fn snapshot_transfer_mut(&mut self, peer: NodeId) -> Option<&mut SnapshotTransfer> {
+        match &mut self.leader_state_mut()?.progress.get_mut(&peer)?.state {
+            ReplicationState::Snapshot(transfer) => Some(transfer),
+            ReplicationState::Probe { .. } | ReplicationState::Replicate => None,
+        }
+    }
+
     /// Sends the snapshot to `peer` again from `offset` (where the follower
     /// said it is), forgetting the chunks sent beyond it.
     pub(crate) fn resend_snapshot_from(
@@ -653,13 +661,7 @@ impl RaftNode {
         offset: u64,
         actions: &mut Vec<Action>,
     ) {
-        let Some(progress) = self
-            .leader_state_mut()
-            .and_then(|s| s.progress.get_mut(&peer))
-        else {
-            return;
-        };
-        let ReplicationState::Snapshot(transfer) = &mut progress.state else {
+        let Some(transfer) = self.snapshot_transfer_mut(peer) else {
             return;
         };
         transfer.rewind_to(offset);
@@ -676,13 +678,7 @@ impl RaftNode {
             self.options.inflight_bytes_max,
         );
         let max_bytes = self.options.snapshot_chunk_bytes;
-        let Some(progress) = self
-            .leader_state_mut()
-            .and_then(|s| s.progress.get_mut(&peer))
-        else {
-            return;
-        };
-        let ReplicationState::Snapshot(transfer) = &mut progress.state else {
+        let Some(transfer) = self.snapshot_transfer_mut(peer) else {
             return;
         };
         if !transfer.window_open(messages_max, bytes_max) {
