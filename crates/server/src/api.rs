@@ -33,6 +33,7 @@ use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
 use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::pb::ferrypb::Command;
+use crate::state::RANGE_KEYS_PER_LOCK;
 use crate::watch::StreamId;
 
 /// The etcd version ferry reports in Status: the API level it implements.
@@ -42,6 +43,10 @@ pub const REPORTED_ETCD_VERSION: &str = "3.5.0";
 /// oversized request reaches our check and gets etcd's error instead of a
 /// transport error (etcd allows the same 512 KiB).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// Bytes of key-values a Range may return and still be copied into its
+/// response on the API task; larger ones are built on a blocking thread.
+const RANGE_INLINE_BYTES_MAX: usize = 256 * 1024;
 
 /// Control responses a watch stream may hold before its task stops reading
 /// requests and sends them.
@@ -210,13 +215,27 @@ impl<B: Backend> Kv for EtcdApi<B> {
         if !request.serializable {
             self.backend.read_index().await?;
         }
-        let mut response = self
-            .backend
-            .state()
-            .lock()
-            .kv()
-            .range(&request)
+        // In steps, without holding the applier's lock for the whole scan
+        // and never while the response is built (see
+        // `SharedState::range_in_steps`). A small range is done here; a
+        // large one keeps a core busy for a while, so it goes on a blocking
+        // thread.
+        let state = self.backend.state();
+        let read = state
+            .range_begin(&request, RANGE_KEYS_PER_LOCK)
             .map_err(ApiError::from)?;
+        let mut response = if read.is_scanned() && read.collected_bytes() <= RANGE_INLINE_BYTES_MAX
+        {
+            read.finish(state, RANGE_KEYS_PER_LOCK, || {})
+        } else {
+            let backend = self.backend.clone();
+            tokio::task::spawn_blocking(move || {
+                read.finish(backend.state(), RANGE_KEYS_PER_LOCK, || {})
+            })
+            .await
+            .map_err(|error| ApiError::Internal(format!("the range task failed: {error}")))?
+        }
+        .map_err(ApiError::from)?;
         self.fill(&mut response.header);
         Ok(Response::new(response))
     }

@@ -4,6 +4,7 @@ mod helpers;
 mod kv_semantics;
 mod member_records;
 mod mvcc_semantics;
+mod range_view;
 mod snapshot_determinism;
 mod snapshot_source;
 mod watch_semantics;
