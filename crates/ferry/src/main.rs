@@ -29,7 +29,8 @@ enum Command {
     Dev(dev_cmd::DevArgs),
     /// Run one node of a cluster: the etcd v3 API, the peer transport and
     /// the replicated key-value store.
-    Serve(serve_cmd::ServeArgs),
+    // Boxed: its many options would make every other command as large.
+    Serve(Box<serve_cmd::ServeArgs>),
     /// Run seeds of the simulator: the real engine under network, disk and
     /// clock faults, with safety, linearizability and liveness checked.
     Sim(sim_cmd::SimArgs),
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Dev(args) => dev_cmd::run(args),
-        Command::Serve(args) => serve_cmd::run(args),
+        Command::Serve(args) => serve_cmd::run(*args),
         Command::Sim(args) => sim_cmd::run(args),
         Command::Lincheck(args) => lincheck_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),

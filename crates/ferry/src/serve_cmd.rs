@@ -64,7 +64,27 @@ pub struct ServeArgs {
     /// behind is sent those entries rather than the whole snapshot. [default: 1000]
     #[arg(long, value_name = "ENTRIES")]
     pub compaction_lag_entries: Option<u64>,
+    /// The largest client request accepted, in bytes (etcd's flag; at most
+    /// 32 MiB, as every request becomes one log entry). [default: 1572864]
+    #[arg(long, value_name = "BYTES")]
+    pub max_request_bytes: Option<usize>,
+    /// The most operations one txn may hold, nested txns included: on each
+    /// level the largest of its compares, success ops and failure ops, plus
+    /// the operations of every txn nested in it (etcd's flag and default).
+    /// [default: 128]
+    #[arg(long, value_name = "OPS")]
+    pub max_txn_ops: Option<usize>,
+    /// The largest response one txn may produce, in bytes: the key-values
+    /// its ranges return and the previous values its puts and deletes
+    /// return (about 48 bytes per key-value besides key and value). A txn
+    /// beyond it is refused whole. [default: 67108864]
+    #[arg(long, value_name = "BYTES")]
+    pub max_txn_response_bytes: Option<usize>,
 }
+
+/// The largest `--max-request-bytes`: a request is one log entry, and an
+/// entry must fit in one frame between peers (64 MiB) with room to spare.
+const REQUEST_BYTES_MAX_LIMIT: usize = 32 << 20;
 
 /// The TOML form of [`ServeArgs`].
 #[derive(serde::Deserialize, Debug, Default)]
@@ -83,6 +103,9 @@ struct ServeFile {
     snapshot_entries: Option<u64>,
     compaction_lag_entries: Option<u64>,
     join: Option<bool>,
+    max_request_bytes: Option<usize>,
+    max_txn_ops: Option<usize>,
+    max_txn_response_bytes: Option<usize>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -202,6 +225,28 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     config.join = args.join || file.join.unwrap_or(false);
     if let Some(entries) = args.compaction_lag_entries.or(file.compaction_lag_entries) {
         config.compaction_lag_entries = entries;
+    }
+    let at_least_one = |flag: &str, value: usize| {
+        if value == 0 {
+            Err(format!("--{flag} must be at least 1"))
+        } else {
+            Ok(value)
+        }
+    };
+    if let Some(bytes) = args.max_request_bytes.or(file.max_request_bytes) {
+        let bytes = at_least_one("max-request-bytes", bytes)?;
+        if bytes > REQUEST_BYTES_MAX_LIMIT {
+            return Err(format!(
+                "--max-request-bytes {bytes} is above {REQUEST_BYTES_MAX_LIMIT}: a request is one log entry and must fit in a message between nodes"
+            ));
+        }
+        config.kv_limits.request_size_bytes_max = bytes;
+    }
+    if let Some(ops) = args.max_txn_ops.or(file.max_txn_ops) {
+        config.kv_limits.txn_ops_max = at_least_one("max-txn-ops", ops)?;
+    }
+    if let Some(bytes) = args.max_txn_response_bytes.or(file.max_txn_response_bytes) {
+        config.kv_limits.txn_response_bytes_max = at_least_one("max-txn-response-bytes", bytes)?;
     }
     Ok(config)
 }
@@ -337,6 +382,39 @@ mod tests {
         assert!(node_config(args)
             .unwrap_err()
             .contains("not among the members"));
+    }
+
+    #[test]
+    fn limits_come_from_etcds_flags_and_are_checked() {
+        let base = || ServeArgs {
+            id: Some("1".into()),
+            ..ServeArgs::default()
+        };
+        let config = node_config(ServeArgs {
+            max_request_bytes: Some(4096),
+            max_txn_ops: Some(16),
+            max_txn_response_bytes: Some(1 << 20),
+            ..base()
+        })
+        .unwrap();
+        assert_eq!(config.kv_limits.request_size_bytes_max, 4096);
+        assert_eq!(config.kv_limits.txn_ops_max, 16);
+        assert_eq!(config.kv_limits.txn_response_bytes_max, 1 << 20);
+        let defaults = node_config(base()).unwrap();
+        assert_eq!(defaults.kv_limits.txn_ops_max, 128);
+        assert_eq!(defaults.kv_limits.request_size_bytes_max, 1536 * 1024);
+        let error = node_config(ServeArgs {
+            max_txn_ops: Some(0),
+            ..base()
+        })
+        .unwrap_err();
+        assert!(error.contains("--max-txn-ops"), "{error}");
+        let error = node_config(ServeArgs {
+            max_request_bytes: Some(64 << 20),
+            ..base()
+        })
+        .unwrap_err();
+        assert!(error.contains("--max-request-bytes"), "{error}");
     }
 
     #[test]

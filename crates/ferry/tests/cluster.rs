@@ -13,9 +13,10 @@ use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
 use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
 use ferry_server::pb::etcdserverpb::{
-    LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, Member, MemberAddRequest,
-    MemberListRequest, MemberPromoteRequest, MemberRemoveRequest, PutRequest, RangeRequest,
-    StatusRequest, WatchCreateRequest, WatchRequest,
+    request_op, HashKvRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest,
+    Member, MemberAddRequest, MemberListRequest, MemberPromoteRequest, MemberRemoveRequest,
+    PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest, WatchCreateRequest,
+    WatchRequest,
 };
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -1037,4 +1038,203 @@ async fn full_keyspace_reads_do_not_hold_up_writes() {
         busy_median < Duration::from_millis(100).max(idle_median * 10),
         "puts waited behind the scans: median {busy_median:?} (idle {idle_median:?})"
     );
+}
+
+/// Memory of node `id`'s process, from /proc: (resident now, peak
+/// resident), in KiB.
+fn memory_kib(cluster: &Cluster, id: u64) -> (u64, u64) {
+    let pid = cluster.nodes[(id - 1) as usize]
+        .child
+        .as_ref()
+        .expect("the node runs")
+        .id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Asserts that node `id` is still running.
+fn assert_alive(cluster: &mut Cluster, id: u64) {
+    let child = cluster.nodes[(id - 1) as usize]
+        .child
+        .as_mut()
+        .expect("the node was started");
+    if let Some(status) = child.try_wait().unwrap() {
+        panic!("node {id} exited with {status}\n{}", cluster.log());
+    }
+}
+
+fn full_range_op() -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        })),
+    }
+}
+
+/// HashKV of node `id` at the revision it holds, with that revision.
+async fn hash_kv(cluster: &Cluster, id: u64) -> (u32, i64) {
+    let response = retry(cluster, id, "hash kv", |channel| async move {
+        MaintenanceClient::new(channel)
+            .hash_kv(HashKvRequest { revision: 0 })
+            .await
+    })
+    .await
+    .into_inner();
+    (response.hash, response.header.map_or(0, |h| h.revision))
+}
+
+/// Waits until every node in `ids` holds `key` in its own state.
+async fn wait_applied_everywhere(cluster: &Cluster, ids: &[u64], key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in ids {
+        while local_get(cluster, *id, key).await.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not apply {key}\n{}",
+                cluster.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Point 1 of "one request must never take a node down": a txn of 128
+/// txns of 128 full-keyspace ranges passes every per-level check; it is
+/// refused whole at admission, as is a txn whose answer would pass the
+/// response limit. A txn that passes admission but turns out past its
+/// limit when applied gets the same error on every member, writes
+/// nothing, and replays the same way after a crash of every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_txn_bomb_is_refused_and_an_entry_past_its_bounds_never_takes_a_member_down() {
+    let mut cluster = Cluster::with_args(
+        "txn-bounds",
+        3,
+        &[
+            "--max-txn-response-bytes",
+            "1000000",
+            "--snapshot-entries",
+            "100000",
+        ],
+    );
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let follower = a_follower(leader, &[1, 2, 3]);
+    // 20 keys of 1 KB: the bomb would answer 16,384 copies of them.
+    for i in 0..20 {
+        put(&cluster, leader, &format!("key/{i:02}"), &"v".repeat(1000)).await;
+    }
+    let nested = TxnRequest {
+        compare: vec![],
+        success: (0..128).map(|_| full_range_op()).collect(),
+        failure: vec![],
+    };
+    let bomb = TxnRequest {
+        compare: vec![],
+        success: (0..128)
+            .map(|_| RequestOp {
+                request: Some(request_op::Request::RequestTxn(nested.clone())),
+            })
+            .collect(),
+        failure: vec![],
+    };
+    for id in [leader, follower] {
+        let refused = KvClient::new(connect(&cluster, id).await)
+            .txn(bomb.clone())
+            .await
+            .expect_err("the bomb must be refused");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+        assert_eq!(
+            refused.message(),
+            "etcdserver: too many operations in txn request"
+        );
+    }
+    // 128 ranges (etcd's count) of 20 KB: 2.6 MB, past the 1 MB limit.
+    let refused = KvClient::new(connect(&cluster, follower).await)
+        .txn(nested.clone())
+        .await
+        .expect_err("a txn answering 2.6 MB must be refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    assert!(
+        refused.message().contains("txn response is too large"),
+        "{refused}"
+    );
+
+    // Admitted (the state holds 20 KB when it arrives) but past the limit
+    // once its own put is there: refused whole when applied.
+    let sneaky = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key: b"big".to_vec(),
+                    value: vec![b'b'; 600_000],
+                    ..Default::default()
+                })),
+            },
+            full_range_op(),
+            full_range_op(),
+        ],
+        failure: vec![],
+    };
+    let refused = KvClient::new(connect(&cluster, follower).await)
+        .txn(sneaky)
+        .await
+        .expect_err("the txn answers 1.2 MB");
+    assert!(
+        refused.message().contains("txn response is too large"),
+        "{refused}"
+    );
+    put(&cluster, leader, "marker", "1").await;
+    wait_applied_everywhere(&cluster, &[1, 2, 3], "marker").await;
+    let hashes = [
+        hash_kv(&cluster, 1).await,
+        hash_kv(&cluster, 2).await,
+        hash_kv(&cluster, 3).await,
+    ];
+    assert!(
+        hashes.windows(2).all(|w| w[0] == w[1]),
+        "members disagree: {hashes:?}"
+    );
+    for id in 1..=3 {
+        assert_eq!(local_get(&cluster, id, "big").await, None, "node {id}");
+        assert_alive(&mut cluster, id);
+        let (_, peak_kib) = memory_kib(&cluster, id);
+        assert!(
+            peak_kib < 300 * 1024,
+            "node {id} peaked at {peak_kib} KiB\n{}",
+            cluster.log()
+        );
+    }
+
+    // Every member crashes and replays its log, the refused entry included.
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    for id in 1..=3 {
+        cluster.start(id);
+    }
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    put(&cluster, 1, "after-restart", "1").await;
+    wait_applied_everywhere(&cluster, &[1, 2, 3], "after-restart").await;
+    let replayed = [
+        hash_kv(&cluster, 1).await,
+        hash_kv(&cluster, 2).await,
+        hash_kv(&cluster, 3).await,
+    ];
+    assert!(
+        replayed.windows(2).all(|w| w[0] == w[1]),
+        "members disagree after replay: {replayed:?}"
+    );
+    for id in 1..=3 {
+        assert_eq!(local_get(&cluster, id, "big").await, None, "node {id}");
+        assert_alive(&mut cluster, id);
+    }
 }

@@ -186,14 +186,19 @@ impl<B: Backend> EtcdApi<B> {
         self.backend.state().lock().kv().store().revision()
     }
 
-    async fn propose(&self, command: Command) -> Result<CommandResponse, Status> {
-        // Refuse what can be refused before it costs a log entry.
-        self.backend
-            .state()
-            .lock()
-            .kv()
-            .validate(&command)
-            .map_err(ApiError::from)?;
+    async fn propose(&self, mut command: Command) -> Result<CommandResponse, Status> {
+        {
+            // Refuse what can be refused before it costs a log entry, and
+            // write the limits it was admitted under into the command, for
+            // every replica to apply it under the same ones.
+            let machine = self.backend.state().lock();
+            let kv = machine.kv();
+            command.bounds = Some(kv.limits().command_bounds());
+            kv.validate(&command).map_err(ApiError::from)?;
+            if let Some(CommandKind::Txn(txn)) = &command.kind {
+                kv.admit_txn_response(txn).map_err(ApiError::from)?;
+            }
+        }
         Ok(self.backend.propose(command).await?)
     }
 }

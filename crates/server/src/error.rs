@@ -35,9 +35,19 @@ pub enum KvError {
     /// The encoded request is larger than the configured limit.
     #[error("etcdserver: request is too large")]
     RequestTooLarge,
-    /// A txn has more compares or ops on one level than allowed.
+    /// A txn has more operations than allowed, nested txns included (see
+    /// [`crate::kv_state::txn_ops`]).
     #[error("etcdserver: too many operations in txn request")]
     TooManyTxnOps,
+    /// What a txn would answer (the key-values of its ranges, the previous
+    /// values of its puts and deletes) exceeds the limit; nothing was
+    /// written. etcd has no such limit; ferry has it so that one txn cannot
+    /// make every replica build gigabytes.
+    #[error("etcdserver: txn response is too large (limit {bytes_max} bytes); read less per txn, e.g. with a limit or smaller ranges")]
+    TxnResponseTooLarge {
+        /// The limit the txn was admitted under.
+        bytes_max: usize,
+    },
     /// A txn writes one key twice, or deletes a key it also puts.
     #[error("etcdserver: duplicate key given in txn request")]
     DuplicateKey,
@@ -166,6 +176,7 @@ impl From<ApiError> for tonic::Status {
                 KvError::EmptyKey
                 | KvError::RequestTooLarge
                 | KvError::TooManyTxnOps
+                | KvError::TxnResponseTooLarge { .. }
                 | KvError::DuplicateKey
                 | KvError::TxnTooDeep { .. }
                 | KvError::KeyNotFound

@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::command::decode_command;
 use crate::error::{CodecError, KvError};
-use crate::kv_state::{Applied, KvLimits, KvState, SnapshotSource};
+use crate::kv_state::{Applied, KvLimits, KvState, Reads, SnapshotSource};
 use crate::lease::LeaseClock;
 use crate::mvcc::{RangeScan, ReadAt};
 use crate::pb::etcdserverpb::{
@@ -43,7 +43,13 @@ impl StateMachine {
 
     /// Applies a command and hands its events to the watchers.
     pub fn apply(&mut self, index: u64, command: &Command) -> Applied {
-        let applied = self.kv.apply(index, command);
+        self.apply_with(index, command, Reads::Build)
+    }
+
+    /// Applies a command, building its read results or not (see
+    /// [`KvState::apply_with`]), and hands its events to the watchers.
+    pub fn apply_with(&mut self, index: u64, command: &Command, reads: Reads) -> Applied {
+        let applied = self.kv.apply_with(index, command, reads);
         if !applied.events.is_empty() {
             self.watches.notify(applied.revision, &applied.events);
         }
@@ -52,10 +58,15 @@ impl StateMachine {
 
     /// Decodes and applies a log entry (see [`KvState::apply_bytes`]).
     pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Applied {
+        self.apply_bytes_with(index, bytes, Reads::Build)
+    }
+
+    /// Decodes and applies a log entry, building its read results or not.
+    pub fn apply_bytes_with(&mut self, index: u64, bytes: &[u8], reads: Reads) -> Applied {
         match decode_command(bytes) {
-            Ok(command) => self.apply(index, &command),
+            Ok(command) => self.apply_with(index, &command, reads),
             Err(error) => {
-                let applied = self.kv.apply_bytes(index, bytes);
+                let applied = self.kv.apply_bytes_with(index, bytes, reads);
                 debug_assert_eq!(applied.response, Err(KvError::Decode(error)));
                 applied
             }

@@ -22,7 +22,7 @@ use super::member_addrs;
 use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
 use crate::error::ApiError;
-use crate::kv_state::{CommandResponse, KvLimits, KvState};
+use crate::kv_state::{CommandResponse, KvLimits, KvState, Reads};
 use crate::member_id::Hex;
 use crate::peer::{
     decode_message, encode_message, Transport, TransportConfig, TransportError, TransportEvent,
@@ -753,8 +753,16 @@ impl Driver {
         match payload {
             EntryPayload::Command(data) => {
                 let now_ms = self.now_ms();
+                // Read results are built only where a client waits for
+                // them; on every other member (and on a replay after a
+                // restart) they would be thrown away, and a txn of large
+                // ranges would cost every member its memory for nothing.
+                let reads = match waiter {
+                    Some(ApplyWaiter::Propose(_)) => Reads::Build,
+                    Some(ApplyWaiter::Membership(_)) | None => Reads::SizeOnly,
+                };
                 let mut state = self.state.lock();
-                let applied = state.apply_bytes(index, data);
+                let applied = state.apply_bytes_with(index, data, reads);
                 state.sync_lease_clock(now_ms);
                 drop(state);
                 if let Some(ApplyWaiter::Propose(reply)) = waiter {

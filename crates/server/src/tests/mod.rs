@@ -7,4 +7,5 @@ mod mvcc_semantics;
 mod range_view;
 mod snapshot_determinism;
 mod snapshot_source;
+mod txn_bounds;
 mod watch_semantics;
