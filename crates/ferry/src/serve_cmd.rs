@@ -80,6 +80,21 @@ pub struct ServeArgs {
     /// beyond it is refused whole. [default: 67108864]
     #[arg(long, value_name = "BYTES")]
     pub max_txn_response_bytes: Option<usize>,
+    /// Bytes of events one watcher may have queued for a client that reads
+    /// slower than the writes come; beyond it the watcher catches up from
+    /// the store's history later, missing nothing. [default: 4194304]
+    #[arg(long, value_name = "BYTES")]
+    pub max_watcher_queued_bytes: Option<usize>,
+    /// Bytes of events the watchers of one watch stream may have queued,
+    /// an event shared by its watchers counted once; beyond it the stream
+    /// is slowed to its client's pace (its watchers catch up from history).
+    /// [default: 16777216]
+    #[arg(long, value_name = "BYTES")]
+    pub max_watch_stream_queued_bytes: Option<usize>,
+    /// Bytes of events queued for all watch streams of this node together.
+    /// [default: 268435456]
+    #[arg(long, value_name = "BYTES")]
+    pub max_watch_queued_bytes: Option<usize>,
 }
 
 /// The largest `--max-request-bytes`: a request is one log entry, and an
@@ -106,6 +121,9 @@ struct ServeFile {
     max_request_bytes: Option<usize>,
     max_txn_ops: Option<usize>,
     max_txn_response_bytes: Option<usize>,
+    max_watcher_queued_bytes: Option<usize>,
+    max_watch_stream_queued_bytes: Option<usize>,
+    max_watch_queued_bytes: Option<usize>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -247,6 +265,23 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     }
     if let Some(bytes) = args.max_txn_response_bytes.or(file.max_txn_response_bytes) {
         config.kv_limits.txn_response_bytes_max = at_least_one("max-txn-response-bytes", bytes)?;
+    }
+    if let Some(bytes) = args
+        .max_watcher_queued_bytes
+        .or(file.max_watcher_queued_bytes)
+    {
+        config.watch_limits.watcher_queued_bytes_max =
+            at_least_one("max-watcher-queued-bytes", bytes)?;
+    }
+    if let Some(bytes) = args
+        .max_watch_stream_queued_bytes
+        .or(file.max_watch_stream_queued_bytes)
+    {
+        config.watch_limits.stream_queued_bytes_max =
+            at_least_one("max-watch-stream-queued-bytes", bytes)?;
+    }
+    if let Some(bytes) = args.max_watch_queued_bytes.or(file.max_watch_queued_bytes) {
+        config.watch_limits.node_queued_bytes_max = at_least_one("max-watch-queued-bytes", bytes)?;
     }
     Ok(config)
 }
@@ -394,12 +429,18 @@ mod tests {
             max_request_bytes: Some(4096),
             max_txn_ops: Some(16),
             max_txn_response_bytes: Some(1 << 20),
+            max_watcher_queued_bytes: Some(1000),
+            max_watch_stream_queued_bytes: Some(2000),
+            max_watch_queued_bytes: Some(3000),
             ..base()
         })
         .unwrap();
         assert_eq!(config.kv_limits.request_size_bytes_max, 4096);
         assert_eq!(config.kv_limits.txn_ops_max, 16);
         assert_eq!(config.kv_limits.txn_response_bytes_max, 1 << 20);
+        assert_eq!(config.watch_limits.watcher_queued_bytes_max, 1000);
+        assert_eq!(config.watch_limits.stream_queued_bytes_max, 2000);
+        assert_eq!(config.watch_limits.node_queued_bytes_max, 3000);
         let defaults = node_config(base()).unwrap();
         assert_eq!(defaults.kv_limits.txn_ops_max, 128);
         assert_eq!(defaults.kv_limits.request_size_bytes_max, 1536 * 1024);

@@ -1238,3 +1238,116 @@ async fn a_nested_txn_bomb_is_refused_and_an_entry_past_its_bounds_never_takes_a
         assert_alive(&mut cluster, id);
     }
 }
+
+/// A watch create request for the whole keyspace.
+fn watch_everything() -> WatchRequest {
+    WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        })),
+    }
+}
+
+/// Point 3: one watch stream with 4096 watchers on the whole keyspace
+/// whose client stops reading. Each put used to queue 4096 copies of its
+/// event; now the event is shared and the stream's queue is bounded, so
+/// the node stays small, writes stay fast, and a watcher on another stream
+/// that keeps reading sees every revision once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stream_that_stops_reading_neither_grows_the_node_nor_costs_others_events() {
+    const WATCHERS: usize = 4096;
+    const PUTS: usize = 40;
+    const VALUE_BYTES: usize = 128 * 1024;
+    let mut cluster = Cluster::new("watch-fan-out", 1);
+    wait_for_leader(&cluster, &[1]).await;
+    let channel = connect(&cluster, 1).await;
+
+    // The stream that stops reading once its watchers are created.
+    let (slow_requests, receiver) = tokio::sync::mpsc::channel(64);
+    let mut slow = WatchClient::new(channel.clone())
+        .watch(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let sender = tokio::spawn(async move {
+        for _ in 0..WATCHERS {
+            slow_requests.send(watch_everything()).await.unwrap();
+        }
+        slow_requests
+    });
+    for _ in 0..WATCHERS {
+        let created = slow.message().await.unwrap().unwrap();
+        assert!(created.created && !created.canceled, "{created:?}");
+    }
+    let _slow_requests = sender.await.unwrap();
+
+    // A watcher that keeps up.
+    let (fast_requests, receiver) = tokio::sync::mpsc::channel(4);
+    fast_requests.send(watch_everything()).await.unwrap();
+    let mut fast = WatchClient::new(channel.clone())
+        .max_decoding_message_size(8 << 20)
+        .watch(ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(fast.message().await.unwrap().unwrap().created);
+    let reader = tokio::spawn(async move {
+        let mut revisions = Vec::new();
+        while revisions.len() < PUTS {
+            let response = fast.message().await.unwrap().unwrap();
+            assert!(!response.canceled, "{}", response.cancel_reason);
+            revisions.extend(
+                response
+                    .events
+                    .iter()
+                    .map(|e| e.kv.as_ref().unwrap().mod_revision),
+            );
+        }
+        (revisions, fast_requests)
+    });
+
+    let (rss_before_kib, _) = memory_kib(&cluster, 1);
+    let mut kv = KvClient::new(channel.clone());
+    let mut first_revision = 0;
+    for i in 0..PUTS {
+        let started = Instant::now();
+        let response = tokio::time::timeout(
+            Duration::from_secs(10),
+            kv.put(PutRequest {
+                key: format!("fan/{}", i % 8).into_bytes(),
+                value: vec![b'x'; VALUE_BYTES],
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("put {i} took more than 10 s\n{}", cluster.log()))
+        .unwrap_or_else(|status| panic!("put {i}: {status}\n{}", cluster.log()));
+        if i == 0 {
+            first_revision = response.into_inner().header.unwrap().revision;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "put {i} was slow"
+        );
+        assert_alive(&mut cluster, 1);
+        // Each put used to cost 4096 x 128 KiB = 512 MiB.
+        let (rss_kib, _) = memory_kib(&cluster, 1);
+        assert!(
+            rss_kib < rss_before_kib + 200 * 1024,
+            "after put {i} the node holds {rss_kib} KiB (it held {rss_before_kib} KiB before)"
+        );
+    }
+    let (revisions, _fast_requests) = tokio::time::timeout(Duration::from_secs(30), reader)
+        .await
+        .expect("the watcher that reads sees every put")
+        .unwrap();
+    let expected: Vec<i64> = (first_revision..first_revision + PUTS as i64).collect();
+    assert_eq!(revisions, expected, "every revision once, in order");
+
+    // The slow client goes away; the node goes on.
+    drop(slow);
+    put(&cluster, 1, "after", "1").await;
+    assert_alive(&mut cluster, 1);
+}

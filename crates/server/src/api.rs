@@ -9,11 +9,13 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prost::Message;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::tokio_stream::StreamExt;
 use tonic::transport::server::TcpIncoming;
@@ -61,6 +63,11 @@ pub struct ApiOptions {
     /// Responses buffered per watch or keep-alive stream before the stream
     /// task waits for the client.
     pub stream_buffer_responses_max: usize,
+    /// Bytes of responses buffered per watch stream before the stream task
+    /// waits for the client (a response larger than this waits for an
+    /// empty buffer), so that a client that does not read holds at most
+    /// this much of the node's memory beyond what the watch hub bounds.
+    pub watch_stream_buffer_bytes_max: usize,
     /// Largest gRPC message accepted, in bytes; raised automatically to the
     /// state machine's request limit plus [`GRPC_OVERHEAD_BYTES`].
     pub grpc_message_size_bytes_max: usize,
@@ -71,6 +78,7 @@ impl Default for ApiOptions {
         ApiOptions {
             progress_notify_interval: Duration::from_secs(600),
             stream_buffer_responses_max: 128,
+            watch_stream_buffer_bytes_max: 4 << 20,
             grpc_message_size_bytes_max: 1536 * 1024 + GRPC_OVERHEAD_BYTES,
         }
     }
@@ -342,19 +350,55 @@ impl<B: Backend> Drop for StreamGuard<B> {
     }
 }
 
+/// A watch response on its way to the client, with the share of the
+/// stream's byte budget it holds until the client side takes it.
+type WatchItem = (
+    Result<pb::WatchResponse, Status>,
+    Option<OwnedSemaphorePermit>,
+);
+
+/// The sending side of a watch stream: a channel bounded in responses and
+/// a budget in bytes (see [`ApiOptions::watch_stream_buffer_bytes_max`]).
+struct WatchOutgoing {
+    sender: mpsc::Sender<WatchItem>,
+    budget: Arc<Semaphore>,
+    budget_bytes: usize,
+}
+
 impl<B: Backend> EtcdApi<B> {
+    /// Sends one response once the stream's buffer has room for it;
+    /// `false` when the client is gone or the server stops.
+    async fn send_watch(
+        &self,
+        outgoing: &WatchOutgoing,
+        response: Result<pb::WatchResponse, Status>,
+    ) -> bool {
+        let bytes = response.as_ref().map_or(0, |r| r.encoded_len());
+        let permits = u32::try_from(bytes.min(outgoing.budget_bytes).max(1)).unwrap_or(u32::MAX);
+        let send = async {
+            let permit = outgoing
+                .budget
+                .clone()
+                .acquire_many_owned(permits)
+                .await
+                .ok();
+            outgoing.sender.send((response, permit)).await.is_ok()
+        };
+        tokio::select! {
+            sent = send => sent,
+            _ = outgoing.sender.closed() => false,
+            _ = self.stopped() => false,
+        }
+    }
+
     /// Sends everything the hub has for the stream; `false` when the client
     /// is gone.
-    async fn flush_watch(
-        &self,
-        stream_id: StreamId,
-        outgoing: &mpsc::Sender<Result<pb::WatchResponse, Status>>,
-    ) -> bool {
+    async fn flush_watch(&self, stream_id: StreamId, outgoing: &WatchOutgoing) -> bool {
         loop {
             let (responses, behind) = { self.backend.state().lock().watch_drain(stream_id) };
             for mut response in responses {
                 self.fill(&mut response.header);
-                if outgoing.send(Ok(response)).await.is_err() {
+                if !self.send_watch(outgoing, Ok(response)).await {
                     return false;
                 }
             }
@@ -369,7 +413,7 @@ impl<B: Backend> EtcdApi<B> {
         stream_id: StreamId,
         wake: Arc<tokio::sync::Notify>,
         mut incoming: Streaming<pb::WatchRequest>,
-        outgoing: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+        outgoing: WatchOutgoing,
     ) {
         let _guard = StreamGuard {
             backend: self.backend.clone(),
@@ -420,16 +464,21 @@ impl<B: Backend> EtcdApi<B> {
                 _ = progress.tick() => {
                     self.backend.state().lock().watch_progress_tick(stream_id);
                 }
-                _ = outgoing.closed() => return,
+                _ = outgoing.sender.closed() => return,
                 _ = self.stopped() => return,
             }
         }
     }
 }
 
+/// The stream of watch responses a client reads.
+pub type WatchResponseStream = Pin<
+    Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<pb::WatchResponse, Status>> + Send>,
+>;
+
 #[tonic::async_trait]
 impl<B: Backend> Watch for EtcdApi<B> {
-    type WatchStream = ReceiverStream<Result<pb::WatchResponse, Status>>;
+    type WatchStream = WatchResponseStream;
 
     async fn watch(
         &self,
@@ -441,14 +490,29 @@ impl<B: Backend> Watch for EtcdApi<B> {
                 "ferry: too many watch streams on this node; retry later or use another member",
             ));
         };
-        let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
+        let (sender, receiver) = mpsc::channel(self.options.stream_buffer_responses_max.max(1));
+        let budget_bytes = self
+            .options
+            .watch_stream_buffer_bytes_max
+            .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        let outgoing = WatchOutgoing {
+            sender,
+            budget: Arc::new(Semaphore::new(budget_bytes)),
+            budget_bytes,
+        };
         tokio::spawn(self.clone().run_watch_stream(
             stream_id,
             wake,
             request.into_inner(),
             outgoing,
         ));
-        Ok(Response::new(ReceiverStream::new(receiver)))
+        // The budget a response held is given back as the client side
+        // takes it.
+        let responses = ReceiverStream::new(receiver).map(|(response, permit)| {
+            drop(permit);
+            response
+        });
+        Ok(Response::new(Box::pin(responses)))
     }
 }
 

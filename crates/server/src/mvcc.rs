@@ -56,7 +56,7 @@ pub struct KeyRange {
 }
 
 /// Where a key interval ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RangeEnd {
     /// Only `start` itself (etcd: empty range_end).
     Single,
@@ -328,34 +328,51 @@ impl MvccStore {
     /// Events with revisions in `from..=to` for keys in `range`, in revision
     /// order (and operation order within a revision), each with the previous
     /// version when it still exists. Stops after the revision in which the
-    /// event count reaches `events_max`, so a revision is never split.
-    pub fn history(&self, range: &KeyRange, from: i64, to: i64, events_max: usize) -> Vec<Event> {
-        let mut found: Vec<(i64, u32, Event)> = Vec::new();
+    /// event count reaches `events_max` or the events' size reaches
+    /// `bytes_max`, so a revision is never split.
+    ///
+    /// Only the events returned are copied: the walk first notes where each
+    /// change is, so a watcher far behind does not copy the whole history to
+    /// keep a batch of it.
+    pub fn history(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        to: i64,
+        events_max: usize,
+        bytes_max: usize,
+    ) -> Vec<Event> {
         let Some(bounds) = range.bounds() else {
             return Vec::new();
         };
+        let mut found: Vec<(i64, u32, &[Version], usize)> = Vec::new();
         for (_, versions) in self.keys.range::<[u8], _>(bounds) {
             for (position, version) in versions.iter().enumerate() {
                 let revision = version.kv.mod_revision;
-                if revision < from || revision > to {
-                    continue;
+                if revision >= from && revision <= to {
+                    found.push((revision, version.sub_revision, versions, position));
                 }
-                let prev_kv = position
-                    .checked_sub(1)
-                    .map(|p| &versions[p])
-                    .filter(|p| !p.tombstone)
-                    .map(|p| KeyValue::clone(&p.kv));
-                found.push((revision, version.sub_revision, to_event(version, prev_kv)));
             }
         }
-        found.sort_by_key(|(revision, sub, _)| (*revision, *sub));
+        found.sort_by_key(|(revision, sub, _, _)| (*revision, *sub));
         let mut events = Vec::new();
+        let mut bytes = 0usize;
         let mut last_revision = 0;
-        for (revision, _, event) in found {
-            if events.len() >= events_max && revision != last_revision {
+        for (revision, _, versions, position) in found {
+            if (events.len() >= events_max || bytes >= bytes_max) && revision != last_revision {
                 break;
             }
             last_revision = revision;
+            let prev_kv = position
+                .checked_sub(1)
+                .and_then(|p| versions.get(p))
+                .filter(|p| !p.tombstone)
+                .map(|p| KeyValue::clone(&p.kv));
+            let Some(version) = versions.get(position) else {
+                continue;
+            };
+            let event = to_event(version, prev_kv);
+            bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }
         events
