@@ -1351,3 +1351,81 @@ async fn a_watch_stream_that_stops_reading_neither_grows_the_node_nor_costs_othe
     put(&cluster, 1, "after", "1").await;
     assert_alive(&mut cluster, 1);
 }
+
+/// Point 11: MemberAdd refuses peer URLs a member could not be dialed at,
+/// with etcd's error, and refuses a voter add that the started members
+/// could not form a quorum of (etcd's strict reconfiguration check), so
+/// that adds can never leave the group without a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_add_refuses_bad_urls_and_voters_the_started_members_cannot_outvote() {
+    let cluster = Cluster::new("member-add-checks", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let follower = a_follower(leader, &[1, 2, 3]);
+    let add = |url: String, is_learner: bool| {
+        let cluster = &cluster;
+        async move {
+            ClusterClient::new(connect(cluster, follower).await)
+                .member_add(MemberAddRequest {
+                    peer_ur_ls: vec![url],
+                    is_learner,
+                })
+                .await
+        }
+    };
+    for url in ["", "not a url", "http://[::1"] {
+        let refused = add(url.to_string(), false)
+            .await
+            .expect_err("a bad URL must be refused");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{url:?}: {refused}"
+        );
+        assert_eq!(
+            refused.message(),
+            "etcdserver: given member URLs are invalid",
+            "{url:?}"
+        );
+    }
+    assert_eq!(member_list(&cluster, leader).await.len(), 3);
+
+    // Members that will never start, at well-formed addresses.
+    let unstarted = |_: usize| format!("http://127.0.0.1:{}", free_port());
+    // 4 voters need 3, 5 need 3: the 3 started members are enough.
+    for i in 0..2 {
+        add(unstarted(i), false)
+            .await
+            .unwrap_or_else(|status| panic!("voter add {i}: {status}\n{}", cluster.log()));
+    }
+    // 6 voters need 4: refused, with etcd's text.
+    let refused = add(unstarted(2), false)
+        .await
+        .expect_err("the sixth voter must be refused");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert!(
+        refused
+            .message()
+            .starts_with("etcdserver: re-configuration failed due to not enough started members"),
+        "{refused}"
+    );
+    // A learner does not count toward the quorum: it may be added.
+    let learner = add(unstarted(3), true)
+        .await
+        .unwrap_or_else(|status| panic!("learner add: {status}\n{}", cluster.log()))
+        .into_inner()
+        .member
+        .unwrap();
+    assert!(learner.is_learner);
+
+    // The group still has a leader and answers everything.
+    let members = member_list(&cluster, follower).await;
+    assert_eq!(members.len(), 6, "{members:?}");
+    put(&cluster, follower, "still", "writable").await;
+    for member in members.iter().filter(|m| m.id > 3) {
+        ClusterClient::new(connect(&cluster, leader).await)
+            .member_remove(MemberRemoveRequest { id: member.id })
+            .await
+            .unwrap_or_else(|status| panic!("remove {:x}: {status}\n{}", member.id, cluster.log()));
+    }
+    assert_eq!(member_list(&cluster, leader).await.len(), 3);
+}

@@ -151,6 +151,21 @@ pub enum ApiError {
     /// The membership change would leave the cluster without a quorum.
     #[error("etcdserver: re-configuration failed due to not enough started members")]
     NotEnoughMembers,
+    /// A voter add the members this node reaches could not form a quorum
+    /// of (etcd's strict reconfiguration check). The text is etcd's; the
+    /// fields say what was counted.
+    #[error("etcdserver: re-configuration failed due to not enough started members ({started} of the {voters} voters after the add are started and connected, {quorum} are needed; start the missing members first, or add the new one with --learner)")]
+    NotEnoughStartedMembers {
+        /// Voters after the add.
+        voters: usize,
+        /// Those started and connected to this node (this node included).
+        started: usize,
+        /// The quorum of `voters`.
+        quorum: usize,
+    },
+    /// A peer URL given to MemberAdd is not `http(s)://host:port`.
+    #[error("etcdserver: given member URLs are invalid")]
+    BadMemberUrls,
     /// The request is malformed in a way the state machine does not check.
     #[error("ferry: invalid argument: {0}")]
     InvalidArgument(&'static str),
@@ -192,10 +207,11 @@ impl From<ApiError> for tonic::Status {
             ApiError::NoLeader | ApiError::Timeout | ApiError::Stopped => Code::Unavailable,
             ApiError::MemberNotFound => Code::NotFound,
             ApiError::PeerUrlExists => Code::FailedPrecondition,
-            ApiError::MemberNotLearner | ApiError::LearnerNotReady | ApiError::NotEnoughMembers => {
-                Code::FailedPrecondition
-            }
-            ApiError::InvalidArgument(_) => Code::InvalidArgument,
+            ApiError::MemberNotLearner
+            | ApiError::LearnerNotReady
+            | ApiError::NotEnoughMembers
+            | ApiError::NotEnoughStartedMembers { .. } => Code::FailedPrecondition,
+            ApiError::InvalidArgument(_) | ApiError::BadMemberUrls => Code::InvalidArgument,
             ApiError::Unimplemented(_) => Code::Unimplemented,
             ApiError::Internal(_) => Code::Internal,
         };

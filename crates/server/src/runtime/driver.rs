@@ -132,6 +132,9 @@ impl From<ApplyWaiter> for Waiter {
 pub(crate) struct NodeView {
     pub(crate) status: NodeStatus,
     pub(crate) config: Configuration,
+    /// Peers this node has a working connection to, for the strict
+    /// reconfiguration check of MemberAdd.
+    pub(crate) connected: std::collections::BTreeSet<NodeId>,
 }
 
 /// A running node: its API, its driver and its transport.
@@ -275,6 +278,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             ..NodeStatus::default()
         },
         config: node.config().clone(),
+        connected: std::collections::BTreeSet::new(),
     }));
     // One clock for lease deadlines: the driver starts them when it applies
     // a grant and expires them, the API renews them on keep-alive.
@@ -569,8 +573,14 @@ impl Driver {
 
     fn on_transport(&mut self, event: TransportEvent) -> Result<(), DriverError> {
         match event {
-            TransportEvent::Connected(peer) => self.step(Input::PeerConnected(peer)),
-            TransportEvent::Disconnected(peer) => self.step(Input::PeerDisconnected(peer)),
+            TransportEvent::Connected(peer) => {
+                self.set_connected(peer, true);
+                self.step(Input::PeerConnected(peer))
+            }
+            TransportEvent::Disconnected(peer) => {
+                self.set_connected(peer, false);
+                self.step(Input::PeerDisconnected(peer))
+            }
             TransportEvent::Received { from, payload } => match decode_message(&payload) {
                 Ok(message) if message.from == from && message.group == KV_GROUP => {
                     self.step(Input::Message(message))
@@ -614,6 +624,19 @@ impl Driver {
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.clock_origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Publishes whether the link to `peer` is up.
+    fn set_connected(&mut self, peer: NodeId, up: bool) {
+        let mut view = self
+            .view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if up {
+            view.connected.insert(peer);
+        } else {
+            view.connected.remove(&peer);
+        }
     }
 
     /// The leader decides lease expiry by its clock and replicates it.
