@@ -1429,3 +1429,93 @@ async fn member_add_refuses_bad_urls_and_voters_the_started_members_cannot_outvo
     }
     assert_eq!(member_list(&cluster, leader).await.len(), 3);
 }
+
+/// Point 12: a member removed from the cluster refuses client requests
+/// with a clear error (its state no longer follows the cluster), instead
+/// of answering serializable reads from a past nobody else is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_refuses_client_requests() {
+    let cluster = Cluster::new("removed-member", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let removed = a_follower(leader, &[1, 2, 3]);
+    put(&cluster, leader, "k", "before").await;
+    wait_applied_everywhere(&cluster, &[1, 2, 3], "k").await;
+    ClusterClient::new(connect(&cluster, leader).await)
+        .member_remove(MemberRemoveRequest { id: removed })
+        .await
+        .unwrap_or_else(|status| panic!("member remove: {status}\n{}", cluster.log()));
+    put(&cluster, leader, "k", "after").await;
+
+    // The removed member learns it from the leader and says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = MaintenanceClient::new(connect(&cluster, removed).await)
+            .status(StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if status.errors.iter().any(|e| e.contains("removed")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {removed} never learned of its removal\n{}",
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let channel = connect(&cluster, removed).await;
+    let expect_removed = |what: &str, outcome: Result<(), tonic::Status>| {
+        let status = outcome.expect_err(&format!("{what} on a removed member must fail"));
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{what}: {status}");
+        assert_eq!(
+            status.message(),
+            "the member has been permanently removed from the cluster",
+            "{what}"
+        );
+    };
+    for serializable in [true, false] {
+        let read = KvClient::new(channel.clone())
+            .range(RangeRequest {
+                key: b"k".to_vec(),
+                serializable,
+                ..Default::default()
+            })
+            .await
+            .map(|response| {
+                panic!(
+                    "node {removed} answered a read (serializable {serializable}): {:?}",
+                    response.into_inner().kvs
+                )
+            });
+        expect_removed("a read", read);
+    }
+    let write = KvClient::new(channel.clone())
+        .put(PutRequest {
+            key: b"k".to_vec(),
+            value: b"through the removed member".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ());
+    expect_removed("a put", write);
+    let (requests, receiver) = tokio::sync::mpsc::channel(1);
+    requests.send(watch_everything()).await.unwrap();
+    let watch = match WatchClient::new(channel.clone())
+        .watch(ReceiverStream::new(receiver))
+        .await
+    {
+        Err(status) => Err(status),
+        Ok(stream) => stream.into_inner().message().await.map(|_| ()),
+    };
+    expect_removed("a watch", watch);
+    let list = ClusterClient::new(channel.clone())
+        .member_list(MemberListRequest {
+            linearizable: false,
+        })
+        .await
+        .map(|_| ());
+    expect_removed("a member list", list);
+    // The rest of the cluster goes on.
+    assert_eq!(get(&cluster, leader, "k").await.as_deref(), Some("after"));
+}

@@ -194,7 +194,18 @@ impl<B: Backend> EtcdApi<B> {
         self.backend.state().lock().kv().store().revision()
     }
 
+    /// Refuses client requests on a member that was removed from the
+    /// cluster: its state no longer follows the cluster's, so even a
+    /// serializable read would answer from a past nobody else is in.
+    fn serving(&self) -> Result<(), Status> {
+        if self.backend.status().removed {
+            return Err(ApiError::Removed.into());
+        }
+        Ok(())
+    }
+
     async fn propose(&self, mut command: Command) -> Result<CommandResponse, Status> {
+        self.serving()?;
         {
             // Refuse what can be refused before it costs a log entry, and
             // write the limits it was admitted under into the command, for
@@ -222,6 +233,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         let request = request.into_inner();
+        self.serving()?;
         if request.key.is_empty() {
             return Err(ApiError::from(KvError::EmptyKey).into());
         }
@@ -395,6 +407,11 @@ impl<B: Backend> EtcdApi<B> {
     /// is gone.
     async fn flush_watch(&self, stream_id: StreamId, outgoing: &WatchOutgoing) -> bool {
         loop {
+            if self.backend.status().removed {
+                self.send_watch(outgoing, Err(ApiError::Removed.into()))
+                    .await;
+                return false;
+            }
             let (responses, behind) = { self.backend.state().lock().watch_drain(stream_id) };
             for mut response in responses {
                 self.fill(&mut response.header);
@@ -484,6 +501,7 @@ impl<B: Backend> Watch for EtcdApi<B> {
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.serving()?;
         let opened = self.backend.state().lock().watches.open_stream();
         let Some((stream_id, wake)) = opened else {
             return Err(Status::resource_exhausted(
@@ -564,6 +582,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        self.serving()?;
         let mut incoming = request.into_inner();
         let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
         let api = self.clone();
@@ -577,6 +596,10 @@ impl<B: Backend> Lease for EtcdApi<B> {
                     Ok(Some(request)) => request,
                     Ok(None) | Err(_) => return,
                 };
+                if let Err(status) = api.serving() {
+                    let _ = outgoing.send(Err(status)).await;
+                    return;
+                }
                 let answer = match api.backend.lease_keep_alive(request.id).await {
                     // etcd answers an unknown lease with TTL 0, not an error.
                     Ok(ttl) => Ok(pb::LeaseKeepAliveResponse {
@@ -599,6 +622,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        self.serving()?;
         let request = request.into_inner();
         let remaining = self.backend.lease_time_to_live(request.id).await?;
         let (granted, keys, revision) = {
@@ -637,6 +661,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         _request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        self.serving()?;
         self.backend.read_index().await?;
         let (leases, revision) = {
             let machine = self.backend.state().lock();
@@ -663,6 +688,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        self.serving()?;
         let request = request.into_inner();
         let (member, members) = self
             .backend
@@ -679,6 +705,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        self.serving()?;
         let members = self.backend.member_remove(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberRemoveResponse {
             header: Some(self.header(self.current_revision())),
@@ -697,6 +724,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         _request: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
+        self.serving()?;
         let members = self.backend.member_list().await?;
         Ok(Response::new(pb::MemberListResponse {
             header: Some(self.header(self.current_revision())),
@@ -708,6 +736,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        self.serving()?;
         let members = self.backend.member_promote(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberPromoteResponse {
             header: Some(self.header(self.current_revision())),
@@ -788,6 +817,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
+        self.serving()?;
         let requested = request.into_inner().revision;
         let (hash, compact_revision, current) = {
             let machine = self.backend.state().lock();

@@ -38,6 +38,9 @@ pub struct NodeStatus {
     pub raft_applied_index: u64,
     /// Whether this member is a learner.
     pub is_learner: bool,
+    /// Whether this member was removed from the cluster: it refuses client
+    /// requests from then on (its state no longer follows the cluster).
+    pub removed: bool,
     /// Problems worth telling an operator about.
     pub errors: Vec<String>,
 }
@@ -235,6 +238,7 @@ impl Backend for LocalBackend {
             raft_index: applied,
             raft_applied_index: applied,
             is_learner: false,
+            removed: false,
             errors: Vec::new(),
         }
     }

@@ -166,6 +166,10 @@ pub enum ApiError {
     /// A peer URL given to MemberAdd is not `http(s)://host:port`.
     #[error("etcdserver: given member URLs are invalid")]
     BadMemberUrls,
+    /// This member was removed from the cluster and serves no more client
+    /// requests; its data is stale.
+    #[error("the member has been permanently removed from the cluster")]
+    Removed,
     /// The request is malformed in a way the state machine does not check.
     #[error("ferry: invalid argument: {0}")]
     InvalidArgument(&'static str),
@@ -204,7 +208,10 @@ impl From<ApiError> for tonic::Status {
                 KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
             },
-            ApiError::NoLeader | ApiError::Timeout | ApiError::Stopped => Code::Unavailable,
+            // Unavailable: etcd clients move to another endpoint on it.
+            ApiError::NoLeader | ApiError::Timeout | ApiError::Stopped | ApiError::Removed => {
+                Code::Unavailable
+            }
             ApiError::MemberNotFound => Code::NotFound,
             ApiError::PeerUrlExists => Code::FailedPrecondition,
             ApiError::MemberNotLearner

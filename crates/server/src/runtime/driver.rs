@@ -37,6 +37,10 @@ const CALLS_QUEUED_MAX: usize = 4096;
 const TRANSPORT_EVENTS_QUEUED_MAX: usize = 8192;
 /// Most leases one expiry proposal removes.
 const EXPIRED_LEASES_PER_COMMAND_MAX: usize = 64;
+/// Least election timeouts a removed member's link is kept: longer than
+/// the engine goes on replicating to it (four of the longest election
+/// timeouts, twice the least), so that it can learn of its removal.
+const RETIRING_LINK_ELECTION_TIMEOUTS: u64 = 10;
 
 /// Why a node could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -170,8 +174,8 @@ fn api_error(error: RequestError) -> ApiError {
         RequestError::LeadershipLost => ApiError::NoLeader,
         RequestError::Timeout => ApiError::Timeout,
         RequestError::LearnerNotCaughtUp { .. } => ApiError::LearnerNotReady,
+        RequestError::Removed => ApiError::Removed,
         RequestError::Busy { .. }
-        | RequestError::Removed
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::TransferInProgress
@@ -390,6 +394,9 @@ struct Driver {
     role: Role,
     /// Whether the engine said this node was removed.
     removed: bool,
+    /// Links to removed members kept until the tick given (see
+    /// [`RETIRING_LINK_ELECTION_TIMEOUTS`]).
+    retiring: BTreeMap<NodeId, u64>,
 }
 
 type SyncOutcome = (ferry_storage::PendingSync<FsDisk>, std::io::Result<()>);
@@ -483,6 +490,7 @@ impl Driver {
             self_publish_tick: 0,
             role: Role::Follower,
             removed: false,
+            retiring: BTreeMap::new(),
         };
         (driver, snapshot_written, snapshot_restored)
     }
@@ -545,6 +553,7 @@ impl Driver {
             tracing::debug!("dropping a snapshot transfer the engine abandoned");
             self.receiving = None;
         }
+        self.drop_retired_links();
         self.expire_leases()?;
         self.publish_self()
     }
@@ -750,6 +759,10 @@ impl Driver {
                 tracing::warn!(
                     "this node was removed from the cluster; it serves no more requests"
                 );
+                // Publish before waking the watch streams, which end when
+                // they see it.
+                self.publish_status();
+                self.state.lock().watches.wake_all();
             }
         }
         Ok(())
@@ -1122,7 +1135,33 @@ impl Driver {
             tracing::info!(peer = %Hex(id), %addr, "dialing a new member");
             self.transport.add_peer(id, addr);
         }
+        // A removed member keeps its link for a while: the leader goes on
+        // replicating to it so that it learns of its removal (and stops
+        // serving); cut at once, it would never hear of it.
+        let grace_ticks =
+            RETIRING_LINK_ELECTION_TIMEOUTS * u64::from(self.config.election_timeout_ticks);
         for id in dialed {
+            if members.contains(&id) {
+                self.retiring.remove(&id);
+            } else if !self.retiring.contains_key(&id) {
+                tracing::info!(peer = %Hex(id), "a member was removed; dialing it a little longer so that it learns of it");
+                self.retiring.insert(id, self.ticks + grace_ticks);
+            }
+        }
+    }
+
+    /// Drops the links of removed members whose grace period is over.
+    fn drop_retired_links(&mut self) {
+        let now = self.ticks;
+        let members = self.node.config().members();
+        let due: Vec<NodeId> = self
+            .retiring
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.retiring.remove(&id);
             if !members.contains(&id) {
                 tracing::info!(peer = %Hex(id), "no longer dialing a removed member");
                 self.transport.remove_peer(id);
@@ -1192,6 +1231,7 @@ impl Driver {
             published.raft_index = self.node.last_index();
             published.raft_applied_index = self.node.applied_index();
             published.is_learner = config.is_learner(self.config.node_id);
+            published.removed = self.removed;
             if self.removed && published.errors.is_empty() {
                 published
                     .errors
