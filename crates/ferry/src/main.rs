@@ -29,6 +29,7 @@ enum Command {
     Dev(dev_cmd::DevArgs),
     /// Run one node of a cluster: the etcd v3 API, the peer transport and
     /// the replicated key-value store.
+    // Boxed: its many options would make every other command as large.
     Serve(Box<serve_cmd::ServeArgs>),
     /// Run seeds of the simulator: the real engine under network, disk and
     /// clock faults, with safety, linearizability and liveness checked.

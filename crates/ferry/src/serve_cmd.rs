@@ -109,7 +109,42 @@ pub struct ServeArgs {
     /// [default: 67108864]
     #[arg(long, value_name = "BYTES")]
     pub wal_segment_bytes: Option<u64>,
+    /// The largest client request accepted, in bytes (etcd's flag; at most
+    /// 32 MiB, as every request becomes one log entry). [default: 1572864]
+    #[arg(long, value_name = "BYTES")]
+    pub max_request_bytes: Option<usize>,
+    /// The most operations one txn may hold, nested txns included: on each
+    /// level the largest of its compares, success ops and failure ops, plus
+    /// the operations of every txn nested in it (etcd's flag and default).
+    /// [default: 128]
+    #[arg(long, value_name = "OPS")]
+    pub max_txn_ops: Option<usize>,
+    /// The largest response one txn may produce, in bytes: the key-values
+    /// its ranges return and the previous values its puts and deletes
+    /// return (about 48 bytes per key-value besides key and value). A txn
+    /// beyond it is refused whole. [default: 67108864]
+    #[arg(long, value_name = "BYTES")]
+    pub max_txn_response_bytes: Option<usize>,
+    /// Bytes of events one watcher may have queued for a client that reads
+    /// slower than the writes come; beyond it the watcher catches up from
+    /// the store's history later, missing nothing. [default: 4194304]
+    #[arg(long, value_name = "BYTES")]
+    pub max_watcher_queued_bytes: Option<usize>,
+    /// Bytes of events the watchers of one watch stream may have queued,
+    /// an event shared by its watchers counted once; beyond it the stream
+    /// is slowed to its client's pace (its watchers catch up from history).
+    /// [default: 16777216]
+    #[arg(long, value_name = "BYTES")]
+    pub max_watch_stream_queued_bytes: Option<usize>,
+    /// Bytes of events queued for all watch streams of this node together.
+    /// [default: 268435456]
+    #[arg(long, value_name = "BYTES")]
+    pub max_watch_queued_bytes: Option<usize>,
 }
+
+/// The largest `--max-request-bytes`: a request is one log entry, and an
+/// entry must fit in one frame between peers (64 MiB) with room to spare.
+const REQUEST_BYTES_MAX_LIMIT: usize = 32 << 20;
 
 /// The TOML form of [`ServeArgs`].
 #[derive(serde::Deserialize, Debug, Default)]
@@ -137,6 +172,12 @@ struct ServeFile {
     peer_read_timeout_ms: Option<u64>,
     peer_buffered_bytes_max: Option<usize>,
     wal_segment_bytes: Option<u64>,
+    max_request_bytes: Option<usize>,
+    max_txn_ops: Option<usize>,
+    max_txn_response_bytes: Option<usize>,
+    max_watcher_queued_bytes: Option<usize>,
+    max_watch_stream_queued_bytes: Option<usize>,
+    max_watch_queued_bytes: Option<usize>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -319,6 +360,46 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
             return Err("--wal-segment-bytes must be at least 1".into());
         }
         config.wal_segment_size_bytes_max = bytes;
+    }
+    if let Some(bytes) = at_least_one(
+        args.max_request_bytes.or(file.max_request_bytes),
+        "--max-request-bytes",
+    )? {
+        if bytes > REQUEST_BYTES_MAX_LIMIT {
+            return Err(format!(
+                "--max-request-bytes {bytes} is above {REQUEST_BYTES_MAX_LIMIT}: a request is one log entry and must fit in a message between nodes"
+            ));
+        }
+        config.kv_limits.request_size_bytes_max = bytes;
+    }
+    if let Some(ops) = at_least_one(args.max_txn_ops.or(file.max_txn_ops), "--max-txn-ops")? {
+        config.kv_limits.txn_ops_max = ops;
+    }
+    if let Some(bytes) = at_least_one(
+        args.max_txn_response_bytes.or(file.max_txn_response_bytes),
+        "--max-txn-response-bytes",
+    )? {
+        config.kv_limits.txn_response_bytes_max = bytes;
+    }
+    if let Some(bytes) = at_least_one(
+        args.max_watcher_queued_bytes
+            .or(file.max_watcher_queued_bytes),
+        "--max-watcher-queued-bytes",
+    )? {
+        config.watch_limits.watcher_queued_bytes_max = bytes;
+    }
+    if let Some(bytes) = at_least_one(
+        args.max_watch_stream_queued_bytes
+            .or(file.max_watch_stream_queued_bytes),
+        "--max-watch-stream-queued-bytes",
+    )? {
+        config.watch_limits.stream_queued_bytes_max = bytes;
+    }
+    if let Some(bytes) = at_least_one(
+        args.max_watch_queued_bytes.or(file.max_watch_queued_bytes),
+        "--max-watch-queued-bytes",
+    )? {
+        config.watch_limits.node_queued_bytes_max = bytes;
     }
     Ok(config)
 }
@@ -521,6 +602,45 @@ mod tests {
             .unwrap_err();
             assert!(error.contains("at least 1"), "{error}");
         }
+    }
+
+    #[test]
+    fn limits_come_from_etcds_flags_and_are_checked() {
+        let base = || ServeArgs {
+            id: Some("1".into()),
+            ..ServeArgs::default()
+        };
+        let config = node_config(ServeArgs {
+            max_request_bytes: Some(4096),
+            max_txn_ops: Some(16),
+            max_txn_response_bytes: Some(1 << 20),
+            max_watcher_queued_bytes: Some(1000),
+            max_watch_stream_queued_bytes: Some(2000),
+            max_watch_queued_bytes: Some(3000),
+            ..base()
+        })
+        .unwrap();
+        assert_eq!(config.kv_limits.request_size_bytes_max, 4096);
+        assert_eq!(config.kv_limits.txn_ops_max, 16);
+        assert_eq!(config.kv_limits.txn_response_bytes_max, 1 << 20);
+        assert_eq!(config.watch_limits.watcher_queued_bytes_max, 1000);
+        assert_eq!(config.watch_limits.stream_queued_bytes_max, 2000);
+        assert_eq!(config.watch_limits.node_queued_bytes_max, 3000);
+        let defaults = node_config(base()).unwrap();
+        assert_eq!(defaults.kv_limits.txn_ops_max, 128);
+        assert_eq!(defaults.kv_limits.request_size_bytes_max, 1536 * 1024);
+        let error = node_config(ServeArgs {
+            max_txn_ops: Some(0),
+            ..base()
+        })
+        .unwrap_err();
+        assert!(error.contains("--max-txn-ops"), "{error}");
+        let error = node_config(ServeArgs {
+            max_request_bytes: Some(64 << 20),
+            ..base()
+        })
+        .unwrap_err();
+        assert!(error.contains("--max-request-bytes"), "{error}");
     }
 
     #[test]

@@ -9,16 +9,19 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prost::Message;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authority::AuthorityRepair;
-use crate::backend::Backend;
+use crate::backend::{Backend, NodeStatus};
 use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
 use crate::connections::{ClientConnection, ClientTimeouts, ConnectionGate, ConnectionLimits};
 use crate::error::{ApiError, KvError};
@@ -33,6 +36,7 @@ use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
 use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::pb::ferrypb::Command;
+use crate::state::RANGE_KEYS_PER_LOCK;
 use crate::watch::StreamId;
 
 /// The etcd version ferry reports in Status: the API level it implements.
@@ -45,6 +49,18 @@ pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// A client connection as the HTTP/2 server reads it.
 type ClientStream = AuthorityRepair<ClientConnection<tokio::net::TcpStream>>;
+
+/// Bytes of key-values a Range may return and still be copied into its
+/// response on the API task; larger ones are built on a blocking thread.
+const RANGE_INLINE_BYTES_MAX: usize = 256 * 1024;
+
+/// Why a member with this status serves no client requests, if it does not.
+fn refusal(status: &NodeStatus) -> Option<ApiError> {
+    if status.removed {
+        return Some(ApiError::Removed);
+    }
+    status.halted.clone().map(ApiError::Halted)
+}
 
 /// Control responses a watch stream may hold before its task stops reading
 /// requests and sends them.
@@ -59,6 +75,11 @@ pub struct ApiOptions {
     /// Responses buffered per watch or keep-alive stream before the stream
     /// task waits for the client.
     pub stream_buffer_responses_max: usize,
+    /// Bytes of responses buffered per watch stream before the stream task
+    /// waits for the client (a response larger than this waits for an
+    /// empty buffer), so that a client that does not read holds at most
+    /// this much of the node's memory beyond what the watch hub bounds.
+    pub watch_stream_buffer_bytes_max: usize,
     /// Largest gRPC message accepted, in bytes; raised automatically to the
     /// state machine's request limit plus [`GRPC_OVERHEAD_BYTES`].
     pub grpc_message_size_bytes_max: usize,
@@ -75,6 +96,7 @@ impl Default for ApiOptions {
         ApiOptions {
             progress_notify_interval: Duration::from_secs(600),
             stream_buffer_responses_max: 128,
+            watch_stream_buffer_bytes_max: 4 << 20,
             grpc_message_size_bytes_max: 1536 * 1024 + GRPC_OVERHEAD_BYTES,
             connection_limits: ConnectionLimits::default(),
             client_timeouts: ClientTimeouts::default(),
@@ -222,14 +244,29 @@ impl<B: Backend> EtcdApi<B> {
         self.backend.state().lock().kv().store().revision()
     }
 
-    async fn propose(&self, command: Command) -> Result<CommandResponse, Status> {
-        // Refuse what can be refused before it costs a log entry.
-        self.backend
-            .state()
-            .lock()
-            .kv()
-            .validate(&command)
-            .map_err(ApiError::from)?;
+    /// Refuses client requests on a member that was removed from the
+    /// cluster (its state no longer follows the cluster's, so even a
+    /// serializable read would answer from a past nobody else is in) or
+    /// that halted on a detected fault (its state may contradict what the
+    /// cluster committed).
+    fn serving(&self) -> Result<(), Status> {
+        refusal(&self.backend.status()).map_or(Ok(()), |error| Err(error.into()))
+    }
+
+    async fn propose(&self, mut command: Command) -> Result<CommandResponse, Status> {
+        self.serving()?;
+        {
+            // Refuse what can be refused before it costs a log entry, and
+            // write the limits it was admitted under into the command, for
+            // every replica to apply it under the same ones.
+            let machine = self.backend.state().lock();
+            let kv = machine.kv();
+            command.bounds = Some(kv.limits().command_bounds());
+            kv.validate(&command).map_err(ApiError::from)?;
+            if let Some(CommandKind::Txn(txn)) = &command.kind {
+                kv.admit_txn_response(txn).map_err(ApiError::from)?;
+            }
+        }
         Ok(self.backend.propose(command).await?)
     }
 }
@@ -245,19 +282,34 @@ impl<B: Backend> Kv for EtcdApi<B> {
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         let request = request.into_inner();
+        self.serving()?;
         if request.key.is_empty() {
             return Err(ApiError::from(KvError::EmptyKey).into());
         }
         if !request.serializable {
             self.backend.read_index().await?;
         }
-        let mut response = self
-            .backend
-            .state()
-            .lock()
-            .kv()
-            .range(&request)
+        // In steps, without holding the applier's lock for the whole scan
+        // and never while the response is built (see
+        // `SharedState::range_in_steps`). A small range is done here; a
+        // large one keeps a core busy for a while, so it goes on a blocking
+        // thread.
+        let state = self.backend.state();
+        let read = state
+            .range_begin(&request, RANGE_KEYS_PER_LOCK)
             .map_err(ApiError::from)?;
+        let mut response = if read.is_scanned() && read.collected_bytes() <= RANGE_INLINE_BYTES_MAX
+        {
+            read.finish(state, RANGE_KEYS_PER_LOCK, || {})
+        } else {
+            let backend = self.backend.clone();
+            tokio::task::spawn_blocking(move || {
+                read.finish(backend.state(), RANGE_KEYS_PER_LOCK, || {})
+            })
+            .await
+            .map_err(|error| ApiError::Internal(format!("the range task failed: {error}")))?
+        }
+        .map_err(ApiError::from)?;
         self.fill(&mut response.header);
         Ok(Response::new(response))
     }
@@ -359,19 +411,59 @@ impl<B: Backend> Drop for StreamGuard<B> {
     }
 }
 
+/// A watch response on its way to the client, with the share of the
+/// stream's byte budget it holds until the client side takes it.
+type WatchItem = (
+    Result<pb::WatchResponse, Status>,
+    Option<OwnedSemaphorePermit>,
+);
+
+/// The sending side of a watch stream: a channel bounded in responses and
+/// a budget in bytes (see [`ApiOptions::watch_stream_buffer_bytes_max`]).
+struct WatchOutgoing {
+    sender: mpsc::Sender<WatchItem>,
+    budget: Arc<Semaphore>,
+    budget_bytes: usize,
+}
+
 impl<B: Backend> EtcdApi<B> {
+    /// Sends one response once the stream's buffer has room for it;
+    /// `false` when the client is gone or the server stops.
+    async fn send_watch(
+        &self,
+        outgoing: &WatchOutgoing,
+        response: Result<pb::WatchResponse, Status>,
+    ) -> bool {
+        let bytes = response.as_ref().map_or(0, |r| r.encoded_len());
+        let permits = u32::try_from(bytes.min(outgoing.budget_bytes).max(1)).unwrap_or(u32::MAX);
+        let send = async {
+            let permit = outgoing
+                .budget
+                .clone()
+                .acquire_many_owned(permits)
+                .await
+                .ok();
+            outgoing.sender.send((response, permit)).await.is_ok()
+        };
+        tokio::select! {
+            sent = send => sent,
+            _ = outgoing.sender.closed() => false,
+            _ = self.stopped() => false,
+        }
+    }
+
     /// Sends everything the hub has for the stream; `false` when the client
     /// is gone.
-    async fn flush_watch(
-        &self,
-        stream_id: StreamId,
-        outgoing: &mpsc::Sender<Result<pb::WatchResponse, Status>>,
-    ) -> bool {
+    async fn flush_watch(&self, stream_id: StreamId, outgoing: &WatchOutgoing) -> bool {
         loop {
+            if let Some(error) = refusal(&self.backend.status()) {
+                self.send_watch(outgoing, Err(error.into())).await;
+                return false;
+            }
             let (responses, behind) = { self.backend.state().lock().watch_drain(stream_id) };
             for mut response in responses {
                 self.fill(&mut response.header);
-                if outgoing.send(Ok(response)).await.is_err() {
+                if !self.send_watch(outgoing, Ok(response)).await {
                     return false;
                 }
             }
@@ -386,7 +478,7 @@ impl<B: Backend> EtcdApi<B> {
         stream_id: StreamId,
         wake: Arc<tokio::sync::Notify>,
         mut incoming: Streaming<pb::WatchRequest>,
-        outgoing: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+        outgoing: WatchOutgoing,
     ) {
         let _guard = StreamGuard {
             backend: self.backend.clone(),
@@ -437,35 +529,56 @@ impl<B: Backend> EtcdApi<B> {
                 _ = progress.tick() => {
                     self.backend.state().lock().watch_progress_tick(stream_id);
                 }
-                _ = outgoing.closed() => return,
+                _ = outgoing.sender.closed() => return,
                 _ = self.stopped() => return,
             }
         }
     }
 }
 
+/// The stream of watch responses a client reads.
+pub type WatchResponseStream = Pin<
+    Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<pb::WatchResponse, Status>> + Send>,
+>;
+
 #[tonic::async_trait]
 impl<B: Backend> Watch for EtcdApi<B> {
-    type WatchStream = ReceiverStream<Result<pb::WatchResponse, Status>>;
+    type WatchStream = WatchResponseStream;
 
     async fn watch(
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.serving()?;
         let opened = self.backend.state().lock().watches.open_stream();
         let Some((stream_id, wake)) = opened else {
             return Err(Status::resource_exhausted(
                 "ferry: too many watch streams on this node; retry later or use another member",
             ));
         };
-        let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
+        let (sender, receiver) = mpsc::channel(self.options.stream_buffer_responses_max.max(1));
+        let budget_bytes = self
+            .options
+            .watch_stream_buffer_bytes_max
+            .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        let outgoing = WatchOutgoing {
+            sender,
+            budget: Arc::new(Semaphore::new(budget_bytes)),
+            budget_bytes,
+        };
         tokio::spawn(self.clone().run_watch_stream(
             stream_id,
             wake,
             request.into_inner(),
             outgoing,
         ));
-        Ok(Response::new(ReceiverStream::new(receiver)))
+        // The budget a response held is given back as the client side
+        // takes it.
+        let responses = ReceiverStream::new(receiver).map(|(response, permit)| {
+            drop(permit);
+            response
+        });
+        Ok(Response::new(Box::pin(responses)))
     }
 }
 
@@ -517,6 +630,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        self.serving()?;
         let mut incoming = request.into_inner();
         let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
         let api = self.clone();
@@ -530,6 +644,10 @@ impl<B: Backend> Lease for EtcdApi<B> {
                     Ok(Some(request)) => request,
                     Ok(None) | Err(_) => return,
                 };
+                if let Err(status) = api.serving() {
+                    let _ = outgoing.send(Err(status)).await;
+                    return;
+                }
                 let answer = match api.backend.lease_keep_alive(request.id).await {
                     // etcd answers an unknown lease with TTL 0, not an error.
                     Ok(ttl) => Ok(pb::LeaseKeepAliveResponse {
@@ -552,6 +670,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        self.serving()?;
         let request = request.into_inner();
         let remaining = self.backend.lease_time_to_live(request.id).await?;
         let (granted, keys, revision) = {
@@ -590,6 +709,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         _request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        self.serving()?;
         self.backend.read_index().await?;
         let (leases, revision) = {
             let machine = self.backend.state().lock();
@@ -616,6 +736,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        self.serving()?;
         let request = request.into_inner();
         let (member, members) = self
             .backend
@@ -632,6 +753,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        self.serving()?;
         let members = self.backend.member_remove(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberRemoveResponse {
             header: Some(self.header(self.current_revision())),
@@ -650,6 +772,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         _request: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
+        self.serving()?;
         let members = self.backend.member_list().await?;
         Ok(Response::new(pb::MemberListResponse {
             header: Some(self.header(self.current_revision())),
@@ -661,6 +784,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        self.serving()?;
         let members = self.backend.member_promote(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberPromoteResponse {
             header: Some(self.header(self.current_revision())),
@@ -741,6 +865,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
+        self.serving()?;
         let requested = request.into_inner().revision;
         let (hash, compact_revision, current) = {
             let machine = self.backend.state().lock();

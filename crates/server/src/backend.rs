@@ -38,6 +38,13 @@ pub struct NodeStatus {
     pub raft_applied_index: u64,
     /// Whether this member is a learner.
     pub is_learner: bool,
+    /// Whether this member was removed from the cluster: it refuses client
+    /// requests from then on (its state no longer follows the cluster).
+    pub removed: bool,
+    /// The fault this member detected in its own log or its peers' (a
+    /// committed entry contradicted), if it halted its group: it refuses
+    /// client requests from then on, as its state may not be the cluster's.
+    pub halted: Option<String>,
     /// Problems worth telling an operator about.
     pub errors: Vec<String>,
 }
@@ -235,6 +242,8 @@ impl Backend for LocalBackend {
             raft_index: applied,
             raft_applied_index: applied,
             is_learner: false,
+            removed: false,
+            halted: None,
             errors: Vec::new(),
         }
     }

@@ -16,7 +16,10 @@ pub const COMMAND_FORMAT_VERSION: u8 = 1;
 
 /// Wraps one operation as a command.
 pub fn command(kind: CommandKind) -> Command {
-    Command { kind: Some(kind) }
+    Command {
+        kind: Some(kind),
+        bounds: None,
+    }
 }
 
 /// Encodes a command for the Raft log.

@@ -35,9 +35,19 @@ pub enum KvError {
     /// The encoded request is larger than the configured limit.
     #[error("etcdserver: request is too large")]
     RequestTooLarge,
-    /// A txn has more compares or ops on one level than allowed.
+    /// A txn has more operations than allowed, nested txns included (see
+    /// [`crate::kv_state::txn_ops`]).
     #[error("etcdserver: too many operations in txn request")]
     TooManyTxnOps,
+    /// What a txn would answer (the key-values of its ranges, the previous
+    /// values of its puts and deletes) exceeds the limit; nothing was
+    /// written. etcd has no such limit; ferry has it so that one txn cannot
+    /// make every replica build gigabytes.
+    #[error("etcdserver: txn response is too large (limit {bytes_max} bytes); read less per txn, e.g. with a limit or smaller ranges")]
+    TxnResponseTooLarge {
+        /// The limit the txn was admitted under.
+        bytes_max: usize,
+    },
     /// A txn writes one key twice, or deletes a key it also puts.
     #[error("etcdserver: duplicate key given in txn request")]
     DuplicateKey,
@@ -141,6 +151,30 @@ pub enum ApiError {
     /// The membership change would leave the cluster without a quorum.
     #[error("etcdserver: re-configuration failed due to not enough started members")]
     NotEnoughMembers,
+    /// A voter add the members this node reaches could not form a quorum
+    /// of (etcd's strict reconfiguration check). The text is etcd's; the
+    /// fields say what was counted.
+    #[error("etcdserver: re-configuration failed due to not enough started members ({started} of the {voters} voters after the add are started and connected, {quorum} are needed; start the missing members first, or add the new one with --learner)")]
+    NotEnoughStartedMembers {
+        /// Voters after the add.
+        voters: usize,
+        /// Those started and connected to this node (this node included).
+        started: usize,
+        /// The quorum of `voters`.
+        quorum: usize,
+    },
+    /// A peer URL given to MemberAdd is not `http(s)://host:port`.
+    #[error("etcdserver: given member URLs are invalid")]
+    BadMemberUrls,
+    /// This member was removed from the cluster and serves no more client
+    /// requests; its data is stale.
+    #[error("the member has been permanently removed from the cluster")]
+    Removed,
+    /// This member halted its group on a detected fault (its log
+    /// contradicts a committed entry) and serves no more client requests
+    /// until it is repaired; the text names the fault.
+    #[error("ferry: this member halted on a detected fault and serves no requests: {0}")]
+    Halted(String),
     /// The request is malformed in a way the state machine does not check.
     #[error("ferry: invalid argument: {0}")]
     InvalidArgument(&'static str),
@@ -166,6 +200,7 @@ impl From<ApiError> for tonic::Status {
                 KvError::EmptyKey
                 | KvError::RequestTooLarge
                 | KvError::TooManyTxnOps
+                | KvError::TxnResponseTooLarge { .. }
                 | KvError::DuplicateKey
                 | KvError::TxnTooDeep { .. }
                 | KvError::KeyNotFound
@@ -178,13 +213,19 @@ impl From<ApiError> for tonic::Status {
                 KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
             },
-            ApiError::NoLeader | ApiError::Timeout | ApiError::Stopped => Code::Unavailable,
+            // Unavailable: etcd clients move to another endpoint on it.
+            ApiError::NoLeader
+            | ApiError::Timeout
+            | ApiError::Stopped
+            | ApiError::Removed
+            | ApiError::Halted(_) => Code::Unavailable,
             ApiError::MemberNotFound => Code::NotFound,
             ApiError::PeerUrlExists => Code::FailedPrecondition,
-            ApiError::MemberNotLearner | ApiError::LearnerNotReady | ApiError::NotEnoughMembers => {
-                Code::FailedPrecondition
-            }
-            ApiError::InvalidArgument(_) => Code::InvalidArgument,
+            ApiError::MemberNotLearner
+            | ApiError::LearnerNotReady
+            | ApiError::NotEnoughMembers
+            | ApiError::NotEnoughStartedMembers { .. } => Code::FailedPrecondition,
+            ApiError::InvalidArgument(_) | ApiError::BadMemberUrls => Code::InvalidArgument,
             ApiError::Unimplemented(_) => Code::Unimplemented,
             ApiError::Internal(_) => Code::Internal,
         };

@@ -12,7 +12,7 @@ use prost::Message;
 
 use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
-use crate::mvcc::{to_event, KeyRange, MvccStore, ReadAt, Version};
+use crate::mvcc::{kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, Version};
 use crate::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::pb::etcdserverpb::request_op::Request;
 use crate::pb::etcdserverpb::response_op::Response;
@@ -21,37 +21,140 @@ use crate::pb::etcdserverpb::{
     LeaseGrantResponse, LeaseRevokeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
     RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
 };
-use crate::pb::ferrypb::{self, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand};
+use crate::pb::ferrypb::{
+    self, CommandBounds, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand,
+};
 use crate::pb::mvccpb::{Event, KeyValue};
 
 /// Largest TTL a lease may have, in seconds (etcd's MaxLeaseTTL).
 pub const LEASE_TTL_SECONDS_MAX: i64 = 9_000_000_000;
 
-/// Limits of the state machine. They must be the same on every replica,
-/// because they decide whether a command is refused.
+/// Limits of the state machine on this node.
+///
+/// The request and txn limits are admission limits: the API refuses a
+/// request beyond them before proposing it, and writes them into the
+/// command ([`CommandBounds`]), so that every replica applies the entry
+/// under the limits it was admitted under. A node's own limits therefore
+/// never decide the fate of an entry another node proposed, and nodes may
+/// be configured differently without their states diverging.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvLimits {
-    /// Largest encoded request, in bytes (etcd default 1.5 MiB).
+    /// Largest encoded request, in bytes (etcd's --max-request-bytes,
+    /// default 1.5 MiB).
     pub request_size_bytes_max: usize,
-    /// Most compares, success ops or failure ops in one txn level (etcd
-    /// default 128).
+    /// Most operations in one txn, nested txns included (etcd's
+    /// --max-txn-ops, default 128); see [`txn_ops`] for how they count.
     pub txn_ops_max: usize,
     /// Deepest nesting of txns inside txns.
     pub txn_depth_max: usize,
+    /// Largest response a txn may produce, in bytes as
+    /// [`kv_response_bytes`] counts them: the key-values of its ranges and
+    /// the previous values its puts and deletes return. A txn beyond it is
+    /// refused whole, with the same error on every replica.
+    pub txn_response_bytes_max: usize,
     /// Shortest lease TTL; shorter requests are raised to it (etcd derives
     /// it from the election timeout).
     pub lease_ttl_seconds_min: i64,
 }
 
+/// Default of [`KvLimits::request_size_bytes_max`] (etcd's).
+pub const REQUEST_BYTES_MAX_DEFAULT: usize = 1536 * 1024;
+/// Default of [`KvLimits::txn_ops_max`] (etcd's).
+pub const TXN_OPS_MAX_DEFAULT: usize = 128;
+/// Default of [`KvLimits::txn_depth_max`].
+pub const TXN_DEPTH_MAX_DEFAULT: usize = 16;
+/// Default of [`KvLimits::txn_response_bytes_max`]: 64 MiB, enough for any
+/// txn a client sends on purpose, small enough that a node survives it.
+pub const TXN_RESPONSE_BYTES_MAX_DEFAULT: usize = 64 << 20;
+
 impl Default for KvLimits {
     fn default() -> Self {
         KvLimits {
-            request_size_bytes_max: 1536 * 1024,
-            txn_ops_max: 128,
-            txn_depth_max: 16,
+            request_size_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
+            txn_ops_max: TXN_OPS_MAX_DEFAULT,
+            txn_depth_max: TXN_DEPTH_MAX_DEFAULT,
+            txn_response_bytes_max: TXN_RESPONSE_BYTES_MAX_DEFAULT,
             lease_ttl_seconds_min: 2,
         }
     }
+}
+
+impl KvLimits {
+    /// The bounds a command admitted under these limits carries.
+    pub fn command_bounds(&self) -> CommandBounds {
+        CommandBounds {
+            request_bytes_max: self.request_size_bytes_max as u64,
+            txn_ops_max: u32::try_from(self.txn_ops_max).unwrap_or(u32::MAX),
+            txn_depth_max: u32::try_from(self.txn_depth_max).unwrap_or(u32::MAX),
+            txn_response_bytes_max: self.txn_response_bytes_max as u64,
+        }
+    }
+
+    /// The limits written into `command` by the node that proposed it (its
+    /// [`KvLimits::command_bounds`]), or the defaults for what it leaves
+    /// unset. What every replica applies the command under.
+    pub fn of_command(command: &ferrypb::Command) -> KvLimits {
+        let defaults = KvLimits::default();
+        let Some(bounds) = &command.bounds else {
+            return defaults;
+        };
+        let pick = |value: u64, default: usize| {
+            if value == 0 {
+                default
+            } else {
+                usize::try_from(value).unwrap_or(usize::MAX)
+            }
+        };
+        KvLimits {
+            request_size_bytes_max: pick(bounds.request_bytes_max, defaults.request_size_bytes_max),
+            txn_ops_max: pick(u64::from(bounds.txn_ops_max), defaults.txn_ops_max),
+            txn_depth_max: pick(u64::from(bounds.txn_depth_max), defaults.txn_depth_max),
+            txn_response_bytes_max: pick(
+                bounds.txn_response_bytes_max,
+                defaults.txn_response_bytes_max,
+            ),
+            // Not a bound of the command: a grant is raised to the
+            // replica's own minimum (see `KvState::grant`).
+            lease_ttl_seconds_min: defaults.lease_ttl_seconds_min,
+        }
+    }
+}
+
+/// The operations a txn counts against [`KvLimits::txn_ops_max`]: on each
+/// level the largest of its compares, success ops and failure ops (as etcd
+/// counts one level), plus the operations of every txn nested in either
+/// branch. For a txn without nested txns this is etcd's count; with nested
+/// ones it counts them all, so that a txn of 128 txns of 128 ranges costs
+/// 16,512, not 128: the work of applying a txn is bounded by a small
+/// multiple of this number.
+pub fn txn_ops(txn: &TxnRequest) -> usize {
+    let level = txn
+        .compare
+        .len()
+        .max(txn.success.len())
+        .max(txn.failure.len());
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .filter_map(|op| match &op.request {
+            Some(Request::RequestTxn(nested)) => Some(txn_ops(nested)),
+            _ => None,
+        })
+        .fold(level, usize::saturating_add)
+}
+
+/// Whether applying a command builds the results of its reads: the
+/// key-values of a txn's ranges and the previous values returned by puts
+/// and deletes. Only the member a client waits on needs them; on the others
+/// they would be thrown away. The state and the outcome (success or the
+/// error) are the same either way: the bound on a txn's response is checked
+/// from sizes, which cost no copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// Build the whole response.
+    Build,
+    /// Count what the response would hold, build none of it.
+    SizeOnly,
 }
 
 /// A lease as the replicated state knows it. Its deadline is not here: it
@@ -120,13 +223,50 @@ struct WriteTxn {
     revision: i64,
     sub_revision: u32,
     events: Vec<Event>,
+    /// Every key written, in order, to undo the writes of a txn that turns
+    /// out to exceed its bounds half-way.
+    touched: Vec<Touched>,
+    /// Whether read results are built (see [`Reads`]).
+    reads: Reads,
+    /// Response bytes a txn produced so far, and its limit.
+    response_bytes: usize,
+    response_bytes_max: usize,
+}
+
+/// One key a write transaction wrote, with the lease its live version had
+/// before and has after (0 for none).
+struct Touched {
+    key: Vec<u8>,
+    lease_before: i64,
+    lease_after: i64,
 }
 
 impl WriteTxn {
     fn changed(&self) -> bool {
         self.sub_revision > 0
     }
+
+    /// Counts `bytes` more of response against the txn's limit.
+    fn charge(&mut self, bytes: usize) -> Result<(), KvError> {
+        self.response_bytes = self.response_bytes.saturating_add(bytes);
+        if self.response_bytes > self.response_bytes_max {
+            return Err(KvError::TxnResponseTooLarge {
+                bytes_max: self.response_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `bytes` more would still fit.
+    fn fits(&self, bytes: usize) -> bool {
+        self.response_bytes.saturating_add(bytes) <= self.response_bytes_max
+    }
 }
+
+/// Keys a range scan inside a txn walks between two checks of the txn's
+/// response limit, so that a scan of a large range stops soon after the
+/// limit is passed.
+const TXN_SCAN_STEP_KEYS: usize = 4096;
 
 /// Magic at the start of every snapshot.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"FERRYKV1";
@@ -178,30 +318,122 @@ impl KvState {
         Ok(response)
     }
 
-    /// Checks what can be checked without the state: empty keys, txn shape,
-    /// duplicate keys, size. The API calls this before proposing; `apply`
-    /// calls it again so that a replica never trusts the proposer.
+    /// Checks what can be checked without the state: empty keys, txn shape
+    /// and size, duplicate keys, request size, against this node's limits.
+    /// The API calls this before proposing (with the command's bounds set
+    /// from the same limits); `apply` checks again, against the bounds the
+    /// command carries, so that a replica never trusts the proposer.
     pub fn validate(&self, command: &ferrypb::Command) -> Result<(), KvError> {
-        if crate::command::encoded_command_len(command) > self.limits.request_size_bytes_max {
-            return Err(KvError::RequestTooLarge);
+        validate_under(command, &self.limits)
+    }
+
+    /// Admission check of what a txn would answer: the response bytes of
+    /// its ranges and of the previous values it returns, read from the
+    /// state now, against this node's [`KvLimits::txn_response_bytes_max`].
+    /// Writes of the txn itself are not simulated, so this is an estimate:
+    /// `apply` checks the exact amount, on every replica alike.
+    pub fn admit_txn_response(&self, txn: &TxnRequest) -> Result<(), KvError> {
+        let mut path = Vec::new();
+        self.choose_path(txn, &mut path);
+        let mut budget = WriteTxn {
+            revision: self.store.revision() + 1,
+            sub_revision: 0,
+            events: Vec::new(),
+            touched: Vec::new(),
+            reads: Reads::SizeOnly,
+            response_bytes: 0,
+            response_bytes_max: self.limits.txn_response_bytes_max,
+        };
+        let mut cursor = 0;
+        self.estimate_txn(txn, &path, &mut cursor, &mut budget)
+    }
+
+    fn estimate_txn(
+        &self,
+        request: &TxnRequest,
+        path: &[bool],
+        cursor: &mut usize,
+        budget: &mut WriteTxn,
+    ) -> Result<(), KvError> {
+        let succeeded = path.get(*cursor).copied().unwrap_or(false);
+        *cursor += 1;
+        let branch = if succeeded {
+            &request.success
+        } else {
+            &request.failure
+        };
+        for op in branch {
+            match &op.request {
+                Some(Request::RequestRange(range))
+                    if !range.count_only
+                        // The revision is checked by apply; here it only
+                        // picks what to read.
+                        && self.store.check_read_revision(range.revision).is_ok() =>
+                {
+                    let at = if range.revision > 0 {
+                        ReadAt::Revision(range.revision)
+                    } else {
+                        ReadAt::Latest
+                    };
+                    self.scan_within(range, at, budget)?;
+                }
+                Some(Request::RequestPut(put)) if put.prev_kv => {
+                    if let Some(kv) = self.store.get(&put.key, ReadAt::Latest) {
+                        budget.charge(kv_response_bytes(kv, false))?;
+                    }
+                }
+                Some(Request::RequestDeleteRange(delete)) if delete.prev_kv => {
+                    let request = RangeRequest {
+                        key: delete.key.clone(),
+                        range_end: delete.range_end.clone(),
+                        ..RangeRequest::default()
+                    };
+                    self.scan_within(&request, ReadAt::Latest, budget)?;
+                }
+                // Nothing to answer beyond a header.
+                None
+                | Some(Request::RequestRange(_))
+                | Some(Request::RequestPut(_))
+                | Some(Request::RequestDeleteRange(_)) => {}
+                Some(Request::RequestTxn(nested)) => {
+                    self.estimate_txn(nested, path, cursor, budget)?
+                }
+            }
         }
-        match &command.kind {
-            None => Err(KvError::Decode(CodecError::MissingKind)),
-            Some(CommandKind::Put(put)) => validate_put(put),
-            Some(CommandKind::DeleteRange(delete)) => check_key(&delete.key),
-            Some(CommandKind::Txn(txn)) => self.validate_txn(txn, 1).map(|_| ()),
-            Some(CommandKind::Compact(_))
-            | Some(CommandKind::LeaseGrant(_))
-            | Some(CommandKind::LeaseRevoke(_))
-            | Some(CommandKind::LeaseExpire(_))
-            | Some(CommandKind::MemberRecord(_)) => Ok(()),
+        Ok(())
+    }
+
+    /// Runs a range scan inside a txn and charges its response bytes,
+    /// giving up as soon as they cannot fit any more.
+    fn scan_within(
+        &self,
+        request: &RangeRequest,
+        at: ReadAt,
+        txn: &mut WriteTxn,
+    ) -> Result<RangeScan, KvError> {
+        let mut scan = RangeScan::new(request, at);
+        // Without a limit, nothing collected is cut later: stop early.
+        let cut_later = request.limit > 0;
+        while !scan.step(&self.store, TXN_SCAN_STEP_KEYS) {
+            if !cut_later && !txn.fits(scan.collected_bytes()) {
+                return Err(KvError::TxnResponseTooLarge {
+                    bytes_max: txn.response_bytes_max,
+                });
+            }
         }
+        txn.charge(scan.response_bytes())?;
+        Ok(scan)
     }
 
     /// Decodes and applies one log entry.
     pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Applied {
+        self.apply_bytes_with(index, bytes, Reads::Build)
+    }
+
+    /// Decodes and applies one log entry, building its read results or not.
+    pub fn apply_bytes_with(&mut self, index: u64, bytes: &[u8], reads: Reads) -> Applied {
         match decode_command(bytes) {
-            Ok(command) => self.apply(index, &command),
+            Ok(command) => self.apply_with(index, &command, reads),
             Err(error) => {
                 // A malformed entry still consumes its index, so that every
                 // replica stays at the same applied index.
@@ -217,8 +449,16 @@ impl KvState {
         }
     }
 
-    /// Applies one command at log index `index`.
+    /// Applies one command at log index `index`, building its whole response.
     pub fn apply(&mut self, index: u64, command: &ferrypb::Command) -> Applied {
+        self.apply_with(index, command, Reads::Build)
+    }
+
+    /// Applies one command at log index `index` under the bounds it carries
+    /// (see [`KvLimits::of_command`]). Every replica gets the same state
+    /// and the same outcome, whatever `reads` is; a command beyond its
+    /// bounds changes nothing and answers an error.
+    pub fn apply_with(&mut self, index: u64, command: &ferrypb::Command, reads: Reads) -> Applied {
         if index <= self.applied_index {
             return Applied {
                 response: Err(KvError::AlreadyApplied {
@@ -230,15 +470,24 @@ impl KvState {
             };
         }
         self.applied_index = index;
+        let bounds = KvLimits::of_command(command);
         let mut txn = WriteTxn {
             revision: self.store.revision() + 1,
             sub_revision: 0,
             events: Vec::new(),
+            touched: Vec::new(),
+            reads,
+            response_bytes: 0,
+            response_bytes_max: bounds.txn_response_bytes_max,
         };
-        let response = match self.validate(command) {
+        let response = match validate_under(command, &bounds) {
             Err(error) => Err(error),
             Ok(()) => self.execute(command, &mut txn),
         };
+        if response.is_err() && txn.changed() {
+            // Only a txn past its response limit fails after writing.
+            self.undo(&mut txn);
+        }
         if txn.changed() {
             self.store.commit(txn.revision);
         }
@@ -276,7 +525,7 @@ impl KvState {
                     &path,
                     &mut cursor,
                     txn,
-                )))
+                )?))
             }
             Some(CommandKind::Compact(CompactionRequest { revision, .. })) => {
                 self.store.compact(*revision)?;
@@ -403,6 +652,11 @@ impl KvState {
             self.store
                 .put(txn.revision, txn.sub_revision, &put.key, value, lease);
         txn.sub_revision += 1;
+        txn.touched.push(Touched {
+            key: put.key.clone(),
+            lease_before: previous.as_ref().map_or(0, |prev| prev.lease),
+            lease_after: lease,
+        });
         if let Some(prev) = &previous {
             if prev.lease != 0 && prev.lease != lease {
                 if let Some(record) = self.leases.get_mut(&prev.lease) {
@@ -425,13 +679,22 @@ impl KvState {
         ));
         PutResponse {
             header: None,
-            prev_kv: if put.prev_kv { previous } else { None },
+            prev_kv: if put.prev_kv && txn.reads == Reads::Build {
+                previous
+            } else {
+                None
+            },
         }
     }
 
     fn delete_key(&mut self, key: &[u8], txn: &mut WriteTxn) -> Option<KeyValue> {
         let previous = self.store.delete(txn.revision, txn.sub_revision, key)?;
         txn.sub_revision += 1;
+        txn.touched.push(Touched {
+            key: key.to_vec(),
+            lease_before: previous.lease,
+            lease_after: 0,
+        });
         if previous.lease != 0 {
             if let Some(record) = self.leases.get_mut(&previous.lease) {
                 record.keys.remove(key);
@@ -468,7 +731,7 @@ impl KvState {
         for key in keys {
             if let Some(previous) = self.delete_key(&key, txn) {
                 deleted += 1;
-                if delete.prev_kv {
+                if delete.prev_kv && txn.reads == Reads::Build {
                     prev_kvs.push(previous);
                 }
             }
@@ -530,7 +793,7 @@ impl KvState {
         path: &[bool],
         cursor: &mut usize,
         txn: &mut WriteTxn,
-    ) -> TxnResponse {
+    ) -> Result<TxnResponse, KvError> {
         let succeeded = path.get(*cursor).copied().unwrap_or(false);
         *cursor += 1;
         let branch = if succeeded {
@@ -543,30 +806,83 @@ impl KvState {
             let response = match &op.request {
                 None => None,
                 Some(Request::RequestRange(range)) => {
-                    let at = if range.revision > 0 {
-                        ReadAt::Revision(range.revision)
-                    } else {
-                        ReadAt::Latest
-                    };
-                    Some(Response::ResponseRange(self.store.range(range, at)))
+                    Some(Response::ResponseRange(self.txn_range(range, txn)?))
                 }
                 Some(Request::RequestPut(put)) => {
-                    Some(Response::ResponsePut(self.do_put(put, txn)))
+                    let response = self.do_put(put, txn);
+                    if put.prev_kv {
+                        // What the put returns, whether built or not.
+                        let previous = txn.events.last().and_then(|e| e.prev_kv.as_ref());
+                        txn.charge(previous.map_or(0, |kv| kv_response_bytes(kv, false)))?;
+                    }
+                    Some(Response::ResponsePut(response))
                 }
                 Some(Request::RequestDeleteRange(delete)) => {
-                    Some(Response::ResponseDeleteRange(self.do_delete(delete, txn)))
+                    let events_before = txn.events.len();
+                    let response = self.do_delete(delete, txn);
+                    if delete.prev_kv {
+                        let bytes = txn.events[events_before..]
+                            .iter()
+                            .filter_map(|e| e.prev_kv.as_ref())
+                            .map(|kv| kv_response_bytes(kv, false))
+                            .fold(0usize, usize::saturating_add);
+                        txn.charge(bytes)?;
+                    }
+                    Some(Response::ResponseDeleteRange(response))
                 }
                 Some(Request::RequestTxn(nested)) => Some(Response::ResponseTxn(
-                    self.do_txn(nested, path, cursor, txn),
+                    self.do_txn(nested, path, cursor, txn)?,
                 )),
             };
             responses.push(ResponseOp { response });
         }
-        TxnResponse {
+        Ok(TxnResponse {
             header: None,
             succeeded,
             responses,
+        })
+    }
+
+    /// A range inside a txn: sees the txn's earlier writes, counts against
+    /// the txn's response limit, and is built only if someone reads it.
+    fn txn_range(
+        &self,
+        range: &RangeRequest,
+        txn: &mut WriteTxn,
+    ) -> Result<RangeResponse, KvError> {
+        if txn.reads == Reads::SizeOnly && range.count_only {
+            // Nothing to count against the limit and nobody to tell.
+            return Ok(RangeResponse::default());
         }
+        let at = if range.revision > 0 {
+            ReadAt::Revision(range.revision)
+        } else {
+            ReadAt::Latest
+        };
+        let scan = self.scan_within(range, at, txn)?;
+        Ok(match txn.reads {
+            Reads::Build => scan.into_response(),
+            Reads::SizeOnly => RangeResponse::default(),
+        })
+    }
+
+    /// Undoes every write of a write transaction that failed half-way:
+    /// the store forgets the versions of the uncommitted revision and each
+    /// key is attached again to the lease it had.
+    fn undo(&mut self, txn: &mut WriteTxn) {
+        for touched in txn.touched.drain(..).rev() {
+            self.store.discard(txn.revision, &touched.key);
+            if touched.lease_after != touched.lease_before {
+                if let Some(record) = self.leases.get_mut(&touched.lease_after) {
+                    record.keys.remove(&touched.key);
+                }
+                if let Some(record) = self.leases.get_mut(&touched.lease_before) {
+                    record.keys.insert(touched.key.clone());
+                }
+            }
+        }
+        txn.events.clear();
+        txn.sub_revision = 0;
     }
 
     /// One compare; over a range every key must satisfy it. A missing key
@@ -587,72 +903,6 @@ impl KvState {
             return false;
         }
         compare_kv(compare, &KeyValue::default())
-    }
-
-    /// Checks a txn's shape; returns the keys its branches may put and the
-    /// ranges they may delete, so that an enclosing txn can check them.
-    fn validate_txn(&self, txn: &TxnRequest, depth: usize) -> Result<TxnKeys, KvError> {
-        if depth > self.limits.txn_depth_max {
-            return Err(KvError::TxnTooDeep {
-                depth_max: self.limits.txn_depth_max,
-            });
-        }
-        let ops_max = self.limits.txn_ops_max;
-        if txn.compare.len() > ops_max || txn.success.len() > ops_max || txn.failure.len() > ops_max
-        {
-            return Err(KvError::TooManyTxnOps);
-        }
-        for compare in &txn.compare {
-            check_key(&compare.key)?;
-        }
-        let mut union = TxnKeys::default();
-        for branch in [&txn.success, &txn.failure] {
-            let keys = self.validate_branch(branch, depth)?;
-            union.puts.extend(keys.puts);
-            union.deletes.extend(keys.deletes);
-        }
-        Ok(union)
-    }
-
-    fn validate_branch(&self, branch: &[RequestOp], depth: usize) -> Result<TxnKeys, KvError> {
-        let mut seen = TxnKeys::default();
-        for op in branch {
-            match &op.request {
-                None => {}
-                Some(Request::RequestRange(range)) => check_key(&range.key)?,
-                Some(Request::RequestPut(put)) => {
-                    validate_put(put)?;
-                    if seen.conflicts_with_put(&put.key) {
-                        return Err(KvError::DuplicateKey);
-                    }
-                    seen.puts.insert(put.key.clone());
-                }
-                Some(Request::RequestDeleteRange(delete)) => {
-                    check_key(&delete.key)?;
-                    let range = KeyRange::new(&delete.key, &delete.range_end);
-                    if seen.puts.iter().any(|key| range.contains(key)) {
-                        return Err(KvError::DuplicateKey);
-                    }
-                    seen.deletes.push(range);
-                }
-                Some(Request::RequestTxn(nested)) => {
-                    let nested_keys = self.validate_txn(nested, depth + 1)?;
-                    for key in &nested_keys.puts {
-                        if seen.conflicts_with_put(key) {
-                            return Err(KvError::DuplicateKey);
-                        }
-                    }
-                    for range in &nested_keys.deletes {
-                        if seen.puts.iter().any(|key| range.contains(key)) {
-                            return Err(KvError::DuplicateKey);
-                        }
-                    }
-                    seen.puts.extend(nested_keys.puts);
-                    seen.deletes.extend(nested_keys.deletes);
-                }
-            }
-        }
-        Ok(seen)
     }
 
     /// Encodes the whole state: magic, protobuf body, CRC32C of both.
@@ -925,6 +1175,100 @@ fn check_key(key: &[u8]) -> Result<(), KvError> {
     } else {
         Ok(())
     }
+}
+
+/// [`KvState::validate`] under the given limits.
+fn validate_under(command: &ferrypb::Command, limits: &KvLimits) -> Result<(), KvError> {
+    if crate::command::encoded_command_len(command) > limits.request_size_bytes_max {
+        return Err(KvError::RequestTooLarge);
+    }
+    match &command.kind {
+        None => Err(KvError::Decode(CodecError::MissingKind)),
+        Some(CommandKind::Put(put)) => validate_put(put),
+        Some(CommandKind::DeleteRange(delete)) => check_key(&delete.key),
+        Some(CommandKind::Txn(txn)) => {
+            validate_txn(txn, 1, limits)?;
+            // After the shape check, which bounds the depth of this walk.
+            if txn_ops(txn) > limits.txn_ops_max {
+                return Err(KvError::TooManyTxnOps);
+            }
+            Ok(())
+        }
+        Some(CommandKind::Compact(_))
+        | Some(CommandKind::LeaseGrant(_))
+        | Some(CommandKind::LeaseRevoke(_))
+        | Some(CommandKind::LeaseExpire(_))
+        | Some(CommandKind::MemberRecord(_)) => Ok(()),
+    }
+}
+
+/// Checks a txn's shape; returns the keys its branches may put and the
+/// ranges they may delete, so that an enclosing txn can check them.
+fn validate_txn(txn: &TxnRequest, depth: usize, limits: &KvLimits) -> Result<TxnKeys, KvError> {
+    if depth > limits.txn_depth_max {
+        return Err(KvError::TxnTooDeep {
+            depth_max: limits.txn_depth_max,
+        });
+    }
+    let ops_max = limits.txn_ops_max;
+    if txn.compare.len() > ops_max || txn.success.len() > ops_max || txn.failure.len() > ops_max {
+        return Err(KvError::TooManyTxnOps);
+    }
+    for compare in &txn.compare {
+        check_key(&compare.key)?;
+    }
+    let mut union = TxnKeys::default();
+    for branch in [&txn.success, &txn.failure] {
+        let keys = validate_branch(branch, depth, limits)?;
+        union.puts.extend(keys.puts);
+        union.deletes.extend(keys.deletes);
+    }
+    Ok(union)
+}
+
+fn validate_branch(
+    branch: &[RequestOp],
+    depth: usize,
+    limits: &KvLimits,
+) -> Result<TxnKeys, KvError> {
+    let mut seen = TxnKeys::default();
+    for op in branch {
+        match &op.request {
+            None => {}
+            Some(Request::RequestRange(range)) => check_key(&range.key)?,
+            Some(Request::RequestPut(put)) => {
+                validate_put(put)?;
+                if seen.conflicts_with_put(&put.key) {
+                    return Err(KvError::DuplicateKey);
+                }
+                seen.puts.insert(put.key.clone());
+            }
+            Some(Request::RequestDeleteRange(delete)) => {
+                check_key(&delete.key)?;
+                let range = KeyRange::new(&delete.key, &delete.range_end);
+                if seen.puts.iter().any(|key| range.contains(key)) {
+                    return Err(KvError::DuplicateKey);
+                }
+                seen.deletes.push(range);
+            }
+            Some(Request::RequestTxn(nested)) => {
+                let nested_keys = validate_txn(nested, depth + 1, limits)?;
+                for key in &nested_keys.puts {
+                    if seen.conflicts_with_put(key) {
+                        return Err(KvError::DuplicateKey);
+                    }
+                }
+                for range in &nested_keys.deletes {
+                    if seen.puts.iter().any(|key| range.contains(key)) {
+                        return Err(KvError::DuplicateKey);
+                    }
+                }
+                seen.puts.extend(nested_keys.puts);
+                seen.deletes.extend(nested_keys.deletes);
+            }
+        }
+    }
+    Ok(seen)
 }
 
 fn validate_put(put: &PutRequest) -> Result<(), KvError> {

@@ -56,7 +56,7 @@ pub struct KeyRange {
 }
 
 /// Where a key interval ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RangeEnd {
     /// Only `start` itself (etcd: empty range_end).
     Single,
@@ -116,6 +116,18 @@ impl KeyRange {
 
 /// Lower and upper bound of a key interval, for `BTreeMap::range`.
 type KeyBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
+/// Whether `BTreeMap::range` takes these bounds: it panics when the start
+/// lies after the end, or on one key excluded at both ends.
+fn walkable(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {
+    match (lower, upper) {
+        (Bound::Unbounded, _) | (_, Bound::Unbounded) => true,
+        (Bound::Included(low), Bound::Included(high))
+        | (Bound::Included(low), Bound::Excluded(high))
+        | (Bound::Excluded(low), Bound::Included(high)) => low <= high,
+        (Bound::Excluded(low), Bound::Excluded(high)) => low < high,
+    }
+}
 
 /// The multi-version store.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -191,52 +203,28 @@ impl MvccStore {
 
     /// etcd's Range over the store: filters, sort, limit, count, keys-only.
     /// `at` must have been checked with [`MvccStore::check_read_revision`].
+    /// The whole scan in one go; see [`RangeScan`] for one in steps.
     pub fn range(&self, request: &RangeRequest, at: ReadAt) -> RangeResponse {
-        let range = KeyRange::new(&request.key, &request.range_end);
-        let mut kvs: Vec<KeyValue> = Vec::new();
-        let mut count: i64 = 0;
-        let sort_order = SortOrder::try_from(request.sort_order).unwrap_or(SortOrder::None);
-        let sort_target = SortTarget::try_from(request.sort_target).unwrap_or(SortTarget::Key);
-        // Keys come out in ascending order already; only other orders need
-        // every match before the limit can be applied.
-        let key_ascending = sort_target == SortTarget::Key && sort_order != SortOrder::Descend;
-        let has_filters = request.min_mod_revision > 0
-            || request.max_mod_revision > 0
-            || request.min_create_revision > 0
-            || request.max_create_revision > 0;
-        let limit = usize::try_from(request.limit).unwrap_or(0);
-        for kv in self.scan(&range, at) {
-            count += 1;
-            if request.count_only {
-                continue;
-            }
-            if !passes_filters(request, kv) {
-                continue;
-            }
-            // With the natural order, one past the limit is enough to know
-            // whether there is more.
-            if key_ascending && limit > 0 && kvs.len() > limit && !has_filters {
-                continue;
-            }
-            kvs.push(kv.clone());
+        let mut scan = RangeScan::new(request, at);
+        scan.step(self, usize::MAX);
+        scan.into_response()
+    }
+
+    /// Removes the version `key` got at `revision`, a revision not yet
+    /// committed: undoes a write of the write transaction in progress.
+    pub fn discard(&mut self, revision: i64, key: &[u8]) {
+        debug_assert!(revision > self.revision);
+        let Some(versions) = self.keys.get_mut(key) else {
+            return;
+        };
+        if versions
+            .last()
+            .is_some_and(|v| v.kv.mod_revision == revision)
+        {
+            versions.pop();
         }
-        if !key_ascending {
-            sort_kvs(&mut kvs, sort_target, sort_order);
-        }
-        let more = limit > 0 && kvs.len() > limit;
-        if more {
-            kvs.truncate(limit);
-        }
-        if request.keys_only {
-            for kv in &mut kvs {
-                kv.value.clear();
-            }
-        }
-        RangeResponse {
-            header: None,
-            kvs,
-            more,
-            count,
+        if versions.is_empty() {
+            self.keys.remove(key);
         }
     }
 
@@ -340,34 +328,51 @@ impl MvccStore {
     /// Events with revisions in `from..=to` for keys in `range`, in revision
     /// order (and operation order within a revision), each with the previous
     /// version when it still exists. Stops after the revision in which the
-    /// event count reaches `events_max`, so a revision is never split.
-    pub fn history(&self, range: &KeyRange, from: i64, to: i64, events_max: usize) -> Vec<Event> {
-        let mut found: Vec<(i64, u32, Event)> = Vec::new();
+    /// event count reaches `events_max` or the events' size reaches
+    /// `bytes_max`, so a revision is never split.
+    ///
+    /// Only the events returned are copied: the walk first notes where each
+    /// change is, so a watcher far behind does not copy the whole history to
+    /// keep a batch of it.
+    pub fn history(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        to: i64,
+        events_max: usize,
+        bytes_max: usize,
+    ) -> Vec<Event> {
         let Some(bounds) = range.bounds() else {
             return Vec::new();
         };
+        let mut found: Vec<(i64, u32, &[Version], usize)> = Vec::new();
         for (_, versions) in self.keys.range::<[u8], _>(bounds) {
             for (position, version) in versions.iter().enumerate() {
                 let revision = version.kv.mod_revision;
-                if revision < from || revision > to {
-                    continue;
+                if revision >= from && revision <= to {
+                    found.push((revision, version.sub_revision, versions, position));
                 }
-                let prev_kv = position
-                    .checked_sub(1)
-                    .map(|p| &versions[p])
-                    .filter(|p| !p.tombstone)
-                    .map(|p| KeyValue::clone(&p.kv));
-                found.push((revision, version.sub_revision, to_event(version, prev_kv)));
             }
         }
-        found.sort_by_key(|(revision, sub, _)| (*revision, *sub));
+        found.sort_by_key(|(revision, sub, _, _)| (*revision, *sub));
         let mut events = Vec::new();
+        let mut bytes = 0usize;
         let mut last_revision = 0;
-        for (revision, _, event) in found {
-            if events.len() >= events_max && revision != last_revision {
+        for (revision, _, versions, position) in found {
+            if (events.len() >= events_max || bytes >= bytes_max) && revision != last_revision {
                 break;
             }
             last_revision = revision;
+            let prev_kv = position
+                .checked_sub(1)
+                .and_then(|p| versions.get(p))
+                .filter(|p| !p.tombstone)
+                .map(|p| KeyValue::clone(&p.kv));
+            let Some(version) = versions.get(position) else {
+                continue;
+            };
+            let event = to_event(version, prev_kv);
+            bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }
         events
@@ -499,14 +504,7 @@ fn visible(versions: &[Version], at: ReadAt) -> Option<&Version> {
     }
 }
 
-fn passes_filters(request: &RangeRequest, kv: &KeyValue) -> bool {
-    (request.min_mod_revision <= 0 || kv.mod_revision >= request.min_mod_revision)
-        && (request.max_mod_revision <= 0 || kv.mod_revision <= request.max_mod_revision)
-        && (request.min_create_revision <= 0 || kv.create_revision >= request.min_create_revision)
-        && (request.max_create_revision <= 0 || kv.create_revision <= request.max_create_revision)
-}
-
-fn sort_kvs(kvs: &mut [KeyValue], target: SortTarget, order: SortOrder) {
+fn sort_kvs(kvs: &mut [Arc<KeyValue>], target: SortTarget, order: SortOrder) {
     // etcd: a sort target without an order means ascending. The sort is
     // stable, so equal targets stay in key order.
     match target {
@@ -518,5 +516,240 @@ fn sort_kvs(kvs: &mut [KeyValue], target: SortTarget, order: SortOrder) {
     }
     if order == SortOrder::Descend {
         kvs.reverse();
+    }
+}
+
+/// Bytes a key-value adds to a response, beyond its key and value: field
+/// tags, lengths and the four numbers, rounded up. Used to bound responses;
+/// an estimate that is the same on every replica, not the exact encoding.
+pub const KV_OVERHEAD_BYTES: usize = 48;
+
+/// What a key-value adds to a response (see [`KV_OVERHEAD_BYTES`]).
+pub fn kv_response_bytes(kv: &KeyValue, keys_only: bool) -> usize {
+    let value = if keys_only { 0 } else { kv.value.len() };
+    kv.key.len() + value + KV_OVERHEAD_BYTES
+}
+
+/// What a watch event holds in memory and on the wire, roughly.
+pub fn event_size_bytes(event: &Event) -> usize {
+    let kv = event
+        .kv
+        .as_ref()
+        .map_or(0, |kv| kv_response_bytes(kv, false));
+    let prev = event
+        .prev_kv
+        .as_ref()
+        .map_or(0, |kv| kv_response_bytes(kv, false));
+    kv + prev + KV_OVERHEAD_BYTES
+}
+
+/// A Range over the store that can run in steps, each a bounded number of
+/// keys, so that a caller may release the store's lock between steps while
+/// the store goes on changing.
+///
+/// Why this is consistent: a scan in steps reads at one fixed revision
+/// (the newest when it started), and the store keeps every version at or
+/// below a revision that is not compacted; each step checks that the
+/// revision is still readable. Collecting the matches costs one pointer
+/// copy each (the key-values are shared, see [`Version`]); the copy into
+/// the response happens in [`RangeScan::into_response`], which needs no
+/// store at all.
+#[derive(Debug)]
+pub struct RangeScan {
+    range: KeyRange,
+    at: ReadAt,
+    /// The last key scanned, where the next step resumes.
+    resume_after: Option<Vec<u8>>,
+    done: bool,
+    kvs: Vec<Arc<KeyValue>>,
+    count: i64,
+    /// Response bytes of `kvs` so far (see [`kv_response_bytes`]).
+    bytes: usize,
+    /// Whether the sort and the limit were applied to `kvs`.
+    settled: bool,
+    /// Whether the limit cut matches off.
+    more: bool,
+    sort_order: SortOrder,
+    sort_target: SortTarget,
+    key_ascending: bool,
+    has_filters: bool,
+    limit: usize,
+    count_only: bool,
+    keys_only: bool,
+    min_mod_revision: i64,
+    max_mod_revision: i64,
+    min_create_revision: i64,
+    max_create_revision: i64,
+}
+
+impl RangeScan {
+    /// A scan for `request` reading at `at`. For a scan in several steps
+    /// `at` must be a revision, not [`ReadAt::Latest`].
+    pub fn new(request: &RangeRequest, at: ReadAt) -> RangeScan {
+        let sort_order = SortOrder::try_from(request.sort_order).unwrap_or(SortOrder::None);
+        let sort_target = SortTarget::try_from(request.sort_target).unwrap_or(SortTarget::Key);
+        RangeScan {
+            range: KeyRange::new(&request.key, &request.range_end),
+            at,
+            resume_after: None,
+            done: false,
+            kvs: Vec::new(),
+            count: 0,
+            bytes: 0,
+            settled: false,
+            more: false,
+            sort_order,
+            sort_target,
+            // Keys come out in ascending order already; only other orders
+            // need every match before the limit can be applied.
+            key_ascending: sort_target == SortTarget::Key && sort_order != SortOrder::Descend,
+            has_filters: request.min_mod_revision > 0
+                || request.max_mod_revision > 0
+                || request.min_create_revision > 0
+                || request.max_create_revision > 0,
+            limit: usize::try_from(request.limit).unwrap_or(0),
+            count_only: request.count_only,
+            keys_only: request.keys_only,
+            min_mod_revision: request.min_mod_revision,
+            max_mod_revision: request.max_mod_revision,
+            min_create_revision: request.min_create_revision,
+            max_create_revision: request.max_create_revision,
+        }
+    }
+
+    /// Whether every key of the range has been scanned.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Scans up to `keys_max` more keys of the range; returns whether the
+    /// scan is complete.
+    pub fn step(&mut self, store: &MvccStore, keys_max: usize) -> bool {
+        if self.done {
+            return true;
+        }
+        let Some((lower, upper)) = self.range.bounds() else {
+            self.done = true;
+            return true;
+        };
+        let lower = match &self.resume_after {
+            Some(key) => Bound::Excluded(key.as_slice()),
+            None => lower,
+        };
+        if !walkable(lower, upper) {
+            // Resumed after the last key the range can hold.
+            self.done = true;
+            return true;
+        }
+        let mut scanned = 0usize;
+        let mut last_key: Option<&[u8]> = None;
+        let mut walk = store.keys.range::<[u8], _>((lower, upper));
+        loop {
+            if scanned >= keys_max {
+                break;
+            }
+            let Some((key, versions)) = walk.next() else {
+                self.done = true;
+                break;
+            };
+            scanned += 1;
+            last_key = Some(key.as_slice());
+            let Some(version) = visible(versions, self.at) else {
+                continue;
+            };
+            let kv = &version.kv;
+            self.count += 1;
+            if self.count_only || !self.passes_filters(kv) {
+                continue;
+            }
+            // With the natural order, one past the limit is enough to know
+            // whether there is more.
+            if self.key_ascending
+                && self.limit > 0
+                && self.kvs.len() > self.limit
+                && !self.has_filters
+            {
+                continue;
+            }
+            self.bytes = self
+                .bytes
+                .saturating_add(kv_response_bytes(kv, self.keys_only));
+            self.kvs.push(Arc::clone(kv));
+        }
+        if !self.done {
+            self.resume_after = last_key.map(<[u8]>::to_vec);
+        }
+        self.done
+    }
+
+    /// Response bytes of the key-values collected so far, before sorting
+    /// and the limit (an upper bound of what the response will hold).
+    pub fn collected_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Sorts and cuts to the limit (which needs no store), after which
+    /// `bytes` is what the response will hold. Runs once.
+    fn settle(&mut self) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        if !self.key_ascending {
+            sort_kvs(&mut self.kvs, self.sort_target, self.sort_order);
+        }
+        self.more = self.limit > 0 && self.kvs.len() > self.limit;
+        if self.more {
+            for kv in self.kvs.drain(self.limit..) {
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(kv_response_bytes(&kv, self.keys_only));
+            }
+        }
+    }
+
+    /// Bytes of the key-values the response will hold (see
+    /// [`kv_response_bytes`]); call once the scan is done.
+    pub fn response_bytes(&mut self) -> usize {
+        self.settle();
+        self.bytes
+    }
+
+    /// The response (without header): copies the key-values collected.
+    pub fn into_response(mut self) -> RangeResponse {
+        self.settle();
+        let more = self.more;
+        let keys_only = self.keys_only;
+        let kvs = self
+            .kvs
+            .iter()
+            .map(|kv| {
+                if keys_only {
+                    KeyValue {
+                        key: kv.key.clone(),
+                        create_revision: kv.create_revision,
+                        mod_revision: kv.mod_revision,
+                        version: kv.version,
+                        value: Vec::new(),
+                        lease: kv.lease,
+                    }
+                } else {
+                    KeyValue::clone(kv)
+                }
+            })
+            .collect();
+        RangeResponse {
+            header: None,
+            kvs,
+            more,
+            count: self.count,
+        }
+    }
+
+    fn passes_filters(&self, kv: &KeyValue) -> bool {
+        (self.min_mod_revision <= 0 || kv.mod_revision >= self.min_mod_revision)
+            && (self.max_mod_revision <= 0 || kv.mod_revision <= self.max_mod_revision)
+            && (self.min_create_revision <= 0 || kv.create_revision >= self.min_create_revision)
+            && (self.max_create_revision <= 0 || kv.create_revision <= self.max_create_revision)
     }
 }

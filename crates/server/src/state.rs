@@ -7,9 +7,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::command::decode_command;
 use crate::error::{CodecError, KvError};
-use crate::kv_state::{Applied, KvLimits, KvState, SnapshotSource};
+use crate::kv_state::{Applied, KvLimits, KvState, Reads, SnapshotSource};
 use crate::lease::LeaseClock;
-use crate::pb::etcdserverpb::{WatchCreateRequest, WatchResponse};
+use crate::mvcc::{RangeScan, ReadAt};
+use crate::pb::etcdserverpb::{
+    RangeRequest, RangeResponse, ResponseHeader, WatchCreateRequest, WatchResponse,
+};
 use crate::pb::ferrypb::Command;
 use crate::watch::{StreamId, WatchHub, WatchLimits};
 
@@ -40,7 +43,13 @@ impl StateMachine {
 
     /// Applies a command and hands its events to the watchers.
     pub fn apply(&mut self, index: u64, command: &Command) -> Applied {
-        let applied = self.kv.apply(index, command);
+        self.apply_with(index, command, Reads::Build)
+    }
+
+    /// Applies a command, building its read results or not (see
+    /// [`KvState::apply_with`]), and hands its events to the watchers.
+    pub fn apply_with(&mut self, index: u64, command: &Command, reads: Reads) -> Applied {
+        let applied = self.kv.apply_with(index, command, reads);
         if !applied.events.is_empty() {
             self.watches.notify(applied.revision, &applied.events);
         }
@@ -49,10 +58,15 @@ impl StateMachine {
 
     /// Decodes and applies a log entry (see [`KvState::apply_bytes`]).
     pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Applied {
+        self.apply_bytes_with(index, bytes, Reads::Build)
+    }
+
+    /// Decodes and applies a log entry, building its read results or not.
+    pub fn apply_bytes_with(&mut self, index: u64, bytes: &[u8], reads: Reads) -> Applied {
         match decode_command(bytes) {
-            Ok(command) => self.apply(index, &command),
+            Ok(command) => self.apply_with(index, &command, reads),
             Err(error) => {
-                let applied = self.kv.apply_bytes(index, bytes);
+                let applied = self.kv.apply_bytes_with(index, bytes, reads);
                 debug_assert_eq!(applied.response, Err(KvError::Decode(error)));
                 applied
             }
@@ -154,4 +168,110 @@ impl SharedState {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Serves a Range outside a txn without holding the lock the applier
+    /// needs for longer than [`RANGE_KEYS_PER_LOCK`] keys at a time (see
+    /// [`SharedState::range_in_steps`]).
+    pub fn range(&self, request: &RangeRequest) -> Result<RangeResponse, KvError> {
+        self.range_in_steps(request, RANGE_KEYS_PER_LOCK, || {})
+    }
+
+    /// A Range read from one consistent view, in steps of `keys_per_step`
+    /// keys with the lock released in between (`between` runs there), and
+    /// the response built after the last step, without the lock.
+    ///
+    /// Why: a Range over a large keyspace takes a while to scan and much
+    /// longer to copy into a response; done under the lock it held up every
+    /// apply, and so every write, for as long. The view stays consistent
+    /// because the scan reads at the revision that was newest when it
+    /// started (see [`RangeScan`]); each step checks that no compaction
+    /// removed it meanwhile.
+    pub fn range_in_steps(
+        &self,
+        request: &RangeRequest,
+        keys_per_step: usize,
+        between: impl FnMut(),
+    ) -> Result<RangeResponse, KvError> {
+        self.range_begin(request, keys_per_step)?
+            .finish(self, keys_per_step, between)
+    }
+
+    /// Checks a Range and runs its first step (see
+    /// [`SharedState::range_in_steps`]); [`RangeRead::finish`] does the rest.
+    pub fn range_begin(
+        &self,
+        request: &RangeRequest,
+        keys_per_step: usize,
+    ) -> Result<RangeRead, KvError> {
+        if request.key.is_empty() {
+            return Err(KvError::EmptyKey);
+        }
+        let machine = self.lock();
+        let store = machine.kv().store();
+        store.check_read_revision(request.revision)?;
+        let revision = store.revision();
+        let read_revision = if request.revision > 0 {
+            request.revision
+        } else {
+            revision
+        };
+        let mut scan = RangeScan::new(request, ReadAt::Revision(read_revision));
+        scan.step(store, keys_per_step);
+        Ok(RangeRead {
+            scan,
+            read_revision,
+            revision,
+        })
+    }
 }
+
+/// A Range in progress over a [`SharedState`] (see
+/// [`SharedState::range_in_steps`]).
+#[derive(Debug)]
+pub struct RangeRead {
+    scan: RangeScan,
+    /// The revision the scan reads at.
+    read_revision: i64,
+    /// The store's revision when the read began, for the header.
+    revision: i64,
+}
+
+impl RangeRead {
+    /// Whether the scan is complete and only the response remains to build.
+    pub fn is_scanned(&self) -> bool {
+        self.scan.is_done()
+    }
+
+    /// Response bytes collected so far (see [`RangeScan::collected_bytes`]).
+    pub fn collected_bytes(&self) -> usize {
+        self.scan.collected_bytes()
+    }
+
+    /// Scans the rest, `keys_per_step` keys per hold of the lock, and
+    /// builds the response without the lock.
+    pub fn finish(
+        mut self,
+        state: &SharedState,
+        keys_per_step: usize,
+        mut between: impl FnMut(),
+    ) -> Result<RangeResponse, KvError> {
+        while !self.scan.is_done() {
+            between();
+            let machine = state.lock();
+            let store = machine.kv().store();
+            store.check_read_revision(self.read_revision)?;
+            self.scan.step(store, keys_per_step);
+        }
+        let mut response = self.scan.into_response();
+        response.header = Some(ResponseHeader {
+            revision: self.revision,
+            ..ResponseHeader::default()
+        });
+        Ok(response)
+    }
+}
+
+/// Keys a Range scans per hold of the state lock: a few hundred
+/// microseconds of pointer copies, so an apply waits at most that long
+/// behind a read however large it is.
+pub const RANGE_KEYS_PER_LOCK: usize = 1024;

@@ -11,13 +11,24 @@
 //! never blocks on a watcher and a watcher's memory is bounded. A watcher
 //! that falls behind the compacted revision, or more than
 //! `lag_revisions_max` behind the store, is cancelled with a reason.
+//!
+//! Memory, with many watchers and large values: an event is held once,
+//! shared by every watcher that queues it (two variants at most: with and
+//! without its previous value). What is queued is counted in bytes per
+//! watcher, per stream (shared events once per stream) and per node, and
+//! each has a bound; a watcher that would pass one falls behind as above,
+//! so a stream whose client does not read stops costing memory and is
+//! slowed to the pace of its client, as etcd's slow watchers are, while
+//! watchers that keep up lose nothing. The bytes a stream hands out per
+//! drain and the history scans per drain are bounded too, so one drain
+//! holds the state lock briefly however far behind its watchers are.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use crate::mvcc::{KeyRange, MvccStore};
+use crate::mvcc::{event_size_bytes, KeyRange, MvccStore, RangeEnd};
 use crate::pb::etcdserverpb::watch_create_request::FilterType;
 use crate::pb::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchResponse};
 use crate::pb::mvccpb::event::EventType;
@@ -35,8 +46,24 @@ pub const COMPACTED_REASON: &str = "etcdserver: mvcc: required revision has been
 /// Bounds of the watch hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchLimits {
-    /// Events a watcher may have queued before it falls behind.
+    /// Events a watcher may have queued before it falls behind; also the
+    /// most events one catch-up batch from history holds.
     pub events_per_watcher_max: usize,
+    /// Bytes of events one watcher may have queued before it falls behind
+    /// (a revision is always taken by a watcher with nothing queued).
+    pub watcher_queued_bytes_max: usize,
+    /// Bytes of events the watchers of one stream may have queued, shared
+    /// events counted once, before its watchers fall behind.
+    pub stream_queued_bytes_max: usize,
+    /// Bytes of events queued on this node, all streams together, before
+    /// watchers fall behind.
+    pub node_queued_bytes_max: usize,
+    /// Bytes of responses one drain hands to a stream (at least one
+    /// response), so that a stream far behind catches up in pieces.
+    pub drain_bytes_max: usize,
+    /// History scans one drain runs for watchers that are behind; watchers
+    /// of the same range and revision share one.
+    pub history_scans_per_drain_max: usize,
     /// Watchers one stream may hold.
     pub watchers_per_stream_max: usize,
     /// How far behind the store a watcher may fall before it is cancelled.
@@ -49,11 +76,34 @@ impl Default for WatchLimits {
     fn default() -> Self {
         WatchLimits {
             events_per_watcher_max: 1024,
+            watcher_queued_bytes_max: 4 << 20,
+            stream_queued_bytes_max: 16 << 20,
+            node_queued_bytes_max: 256 << 20,
+            drain_bytes_max: 1 << 20,
+            history_scans_per_drain_max: 8,
             watchers_per_stream_max: 4096,
             lag_revisions_max: 1_000_000,
             streams_max: 65_536,
         }
     }
+}
+
+/// Bytes counted for each revision a watcher queues, beyond its events:
+/// the queue entry and one pointer per event.
+const QUEUE_ENTRY_OVERHEAD_BYTES: usize = 64;
+/// Bytes counted per queued event pointer.
+const QUEUE_EVENT_POINTER_BYTES: usize = 16;
+
+/// An event shared by the watchers that queue it.
+type SharedEvent = Arc<Event>;
+
+/// One revision's events queued for a watcher.
+#[derive(Debug)]
+struct Queued {
+    revision: i64,
+    events: Vec<SharedEvent>,
+    /// What this entry counts against the watcher's bound.
+    bytes: usize,
 }
 
 #[derive(Debug)]
@@ -66,8 +116,10 @@ struct Watcher {
     /// First revision not yet queued for this watcher.
     next_revision: i64,
     /// Events per revision, oldest first.
-    queued: VecDeque<(i64, Vec<Event>)>,
+    queued: VecDeque<Queued>,
     queued_events: usize,
+    /// Sum of the `bytes` of `queued`.
+    queued_bytes: usize,
     /// Whether events went out since the last periodic progress report.
     delivered_since_progress: bool,
 }
@@ -93,6 +145,16 @@ impl Watcher {
     }
 }
 
+/// A revision's events held for the watchers of one stream.
+#[derive(Debug, Default)]
+struct Held {
+    /// Bytes of the distinct events of the revision the stream's watchers
+    /// queued, each counted once.
+    event_bytes: usize,
+    /// Watchers that have the revision queued.
+    holders: usize,
+}
+
 #[derive(Debug)]
 struct Stream {
     watchers: BTreeMap<i64, Watcher>,
@@ -101,6 +163,52 @@ struct Stream {
     outbox: VecDeque<WatchResponse>,
     progress_requested: bool,
     wake: Arc<Notify>,
+    /// What the stream's watchers hold queued.
+    ledger: Ledger,
+    /// The watch id a drain starts after, so that watchers take turns when
+    /// one drain cannot serve them all.
+    drain_after: i64,
+}
+
+/// The bytes one stream's watchers hold queued.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Revisions whose events the stream's watchers hold.
+    held: BTreeMap<i64, Held>,
+    /// Bytes held: the distinct events of `held` plus each queue entry's
+    /// overhead.
+    queued_bytes: usize,
+}
+
+impl Ledger {
+    /// Forgets one queue entry of a watcher: its overhead, and the
+    /// revision's events once no watcher of the stream holds them.
+    fn release(&mut self, node_queued_bytes: &mut usize, entry: &Queued) {
+        let overhead = entry_overhead(entry.events.len());
+        let mut freed = overhead;
+        if let Some(held) = self.held.get_mut(&entry.revision) {
+            held.holders = held.holders.saturating_sub(1);
+            if held.holders == 0 {
+                freed += held.event_bytes;
+                self.held.remove(&entry.revision);
+            }
+        }
+        self.queued_bytes = self.queued_bytes.saturating_sub(freed);
+        *node_queued_bytes = node_queued_bytes.saturating_sub(freed);
+    }
+
+    /// Forgets everything a watcher holds queued.
+    fn release_watcher(&mut self, node_queued_bytes: &mut usize, watcher: &mut Watcher) {
+        for entry in watcher.queued.drain(..) {
+            self.release(node_queued_bytes, &entry);
+        }
+        watcher.queued_events = 0;
+        watcher.queued_bytes = 0;
+    }
+}
+
+fn entry_overhead(events: usize) -> usize {
+    QUEUE_ENTRY_OVERHEAD_BYTES + QUEUE_EVENT_POINTER_BYTES * events
 }
 
 /// Every watcher of every stream on this node.
@@ -109,6 +217,8 @@ pub struct WatchHub {
     streams: BTreeMap<StreamId, Stream>,
     next_stream_id: StreamId,
     limits: WatchLimits,
+    /// Bytes queued on this node: the sum of the streams' `queued_bytes`.
+    queued_bytes: usize,
 }
 
 fn header(revision: i64) -> Option<ResponseHeader> {
@@ -118,6 +228,54 @@ fn header(revision: i64) -> Option<ResponseHeader> {
     })
 }
 
+/// A revision's events as notify shares them: each built once, with and
+/// without its previous value, the first time a watcher wants it so.
+struct SharedRevision<'a> {
+    events: &'a [Event],
+    with_prev: Vec<Option<(SharedEvent, usize)>>,
+    without_prev: Vec<Option<(SharedEvent, usize)>>,
+}
+
+impl<'a> SharedRevision<'a> {
+    fn new(events: &'a [Event]) -> SharedRevision<'a> {
+        SharedRevision {
+            events,
+            with_prev: vec![None; events.len()],
+            without_prev: vec![None; events.len()],
+        }
+    }
+
+    /// The shared event `index` as a watcher with `prev_kv` sees it, and
+    /// its size.
+    fn get(&mut self, index: usize, prev_kv: bool) -> Option<(SharedEvent, usize)> {
+        let event = self.events.get(index)?;
+        let slot = if prev_kv {
+            self.with_prev.get_mut(index)?
+        } else {
+            self.without_prev.get_mut(index)?
+        };
+        let (shared, size) = slot.get_or_insert_with(|| {
+            let mut event = event.clone();
+            if !prev_kv {
+                event.prev_kv = None;
+            }
+            let size = event_size_bytes(&event);
+            (Arc::new(event), size)
+        });
+        Some((shared.clone(), *size))
+    }
+}
+
+/// The key of a history scan shared by watchers in one drain.
+type ScanKey = (Vec<u8>, RangeEnd, i64);
+
+/// What one history scan found, shared by the watchers that asked for it.
+struct Scan {
+    events: Arc<Vec<Event>>,
+    /// Whether the scan reached the present (the batch bound did not cut).
+    complete: bool,
+}
+
 impl WatchHub {
     /// An empty hub.
     pub fn new(limits: WatchLimits) -> WatchHub {
@@ -125,6 +283,7 @@ impl WatchHub {
             streams: BTreeMap::new(),
             next_stream_id: 1,
             limits,
+            queued_bytes: 0,
         }
     }
 
@@ -146,6 +305,8 @@ impl WatchHub {
                 outbox: VecDeque::new(),
                 progress_requested: false,
                 wake: wake.clone(),
+                ledger: Ledger::default(),
+                drain_after: -1,
             },
         );
         Some((id, wake))
@@ -157,14 +318,28 @@ impl WatchHub {
         self.streams.get(&stream_id).map_or(0, |s| s.outbox.len())
     }
 
-    /// Drops a stream and all its watchers.
+    /// Drops a stream and all its watchers, and what they had queued.
     pub fn close_stream(&mut self, stream_id: StreamId) {
-        self.streams.remove(&stream_id);
+        if let Some(stream) = self.streams.remove(&stream_id) {
+            self.queued_bytes = self.queued_bytes.saturating_sub(stream.ledger.queued_bytes);
+        }
     }
 
     /// Number of watchers on all streams.
     pub fn watcher_count(&self) -> usize {
         self.streams.values().map(|s| s.watchers.len()).sum()
+    }
+
+    /// Bytes of events queued on this node (see [`WatchLimits`]).
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// Bytes of events queued for one stream, shared events counted once.
+    pub fn stream_queued_bytes(&self, stream_id: StreamId) -> usize {
+        self.streams
+            .get(&stream_id)
+            .map_or(0, |s| s.ledger.queued_bytes)
     }
 
     /// Number of watchers that are behind `current_revision` and will catch
@@ -250,6 +425,7 @@ impl WatchHub {
                 next_revision,
                 queued: VecDeque::new(),
                 queued_events: 0,
+                queued_bytes: 0,
                 delivered_since_progress: false,
             },
         );
@@ -268,7 +444,10 @@ impl WatchHub {
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return;
         };
-        if stream.watchers.remove(&watch_id).is_some() {
+        if let Some(mut watcher) = stream.watchers.remove(&watch_id) {
+            stream
+                .ledger
+                .release_watcher(&mut self.queued_bytes, &mut watcher);
             stream.outbox.push_back(WatchResponse {
                 header: header(store.revision()),
                 watch_id,
@@ -318,32 +497,77 @@ impl WatchHub {
     }
 
     /// Hands the events of a just-committed revision to synced watchers.
+    /// Each event is copied at most twice (with and without its previous
+    /// value) however many watchers queue it.
     pub fn notify(&mut self, revision: i64, events: &[Event]) {
-        let events_max = self.limits.events_per_watcher_max;
+        let limits = &self.limits;
+        let node_queued_bytes = &mut self.queued_bytes;
+        let mut shared = SharedRevision::new(events);
         for stream in self.streams.values_mut() {
             let mut woke = false;
+            let ledger = &mut stream.ledger;
+            // Which shared events this stream already counts, per variant.
+            let mut counted: Vec<[bool; 2]> = vec![[false; 2]; events.len()];
             for watcher in stream.watchers.values_mut() {
                 if watcher.next_revision != revision {
                     // Behind (catches up from history) or starts later.
                     continue;
                 }
-                let batch: Vec<Event> = events
+                let wanted: Vec<usize> = events
                     .iter()
-                    .filter(|e| watcher.wants(e))
-                    .map(|e| watcher.shape(e))
+                    .enumerate()
+                    .filter(|(_, e)| watcher.wants(e))
+                    .map(|(i, _)| i)
                     .collect();
-                if batch.is_empty() {
+                if wanted.is_empty() {
                     watcher.next_revision = revision + 1;
                     continue;
                 }
-                if !watcher.queued.is_empty() && watcher.queued_events + batch.len() > events_max {
+                let variant = usize::from(watcher.prev_kv);
+                let mut batch = Vec::with_capacity(wanted.len());
+                let mut watcher_bytes = entry_overhead(wanted.len());
+                let mut new_event_bytes = 0usize;
+                for &index in &wanted {
+                    let Some((event, size)) = shared.get(index, watcher.prev_kv) else {
+                        continue;
+                    };
+                    watcher_bytes += size;
+                    if !counted[index][variant] {
+                        new_event_bytes += size;
+                    }
+                    batch.push(event);
+                }
+                let stream_bytes = entry_overhead(batch.len()) + new_event_bytes;
+                let fits_watcher = watcher.queued.is_empty()
+                    || (watcher.queued_events + batch.len() <= limits.events_per_watcher_max
+                        && watcher.queued_bytes + watcher_bytes <= limits.watcher_queued_bytes_max);
+                let fits_stream = ledger.queued_bytes == 0
+                    || ledger.queued_bytes + stream_bytes <= limits.stream_queued_bytes_max;
+                let fits_node = *node_queued_bytes == 0
+                    || *node_queued_bytes + stream_bytes <= limits.node_queued_bytes_max;
+                if !(fits_watcher && fits_stream && fits_node) {
                     // Full: leave next_revision here; the watcher is now
                     // behind and will read this revision from history.
                     woke = true;
                     continue;
                 }
+                for &index in &wanted {
+                    if let Some(slot) = counted.get_mut(index) {
+                        slot[variant] = true;
+                    }
+                }
+                let held = ledger.held.entry(revision).or_default();
+                held.event_bytes += new_event_bytes;
+                held.holders += 1;
+                ledger.queued_bytes += stream_bytes;
+                *node_queued_bytes += stream_bytes;
                 watcher.queued_events += batch.len();
-                watcher.queued.push_back((revision, batch));
+                watcher.queued_bytes += watcher_bytes;
+                watcher.queued.push_back(Queued {
+                    revision,
+                    events: batch,
+                    bytes: watcher_bytes,
+                });
                 watcher.next_revision = revision + 1;
                 woke = true;
             }
@@ -363,37 +587,78 @@ impl WatchHub {
     /// Takes what the stream should send now, in order: control responses,
     /// then each watcher's events, catching up lagging watchers from the
     /// store's history. Returns `true` as the second value when a watcher is
-    /// still behind, so the caller should drain again after sending.
+    /// still behind or has more queued than one drain hands out, so the
+    /// caller should drain again after sending.
+    ///
+    /// One drain hands out about [`WatchLimits::drain_bytes_max`] bytes and
+    /// runs at most [`WatchLimits::history_scans_per_drain_max`] history
+    /// scans; watchers take turns across drains.
     pub fn drain(&mut self, stream_id: StreamId, store: &MvccStore) -> (Vec<WatchResponse>, bool) {
         let limits = self.limits.clone();
+        let node_queued_bytes = &mut self.queued_bytes;
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return (Vec::new(), false);
         };
         let current = store.revision();
         let compacted = store.compacted_revision();
         let mut out: Vec<WatchResponse> = stream.outbox.drain(..).collect();
+        let mut out_bytes = 0usize;
         let mut cancelled: Vec<(i64, WatchResponse)> = Vec::new();
         let mut behind = false;
-        for (watch_id, watcher) in &mut stream.watchers {
-            while let Some((revision, events)) = watcher.queued.pop_front() {
+        let mut scans: BTreeMap<ScanKey, Scan> = BTreeMap::new();
+        let mut scans_run = 0usize;
+        // Watchers in turn, starting after the one the last drain ended at.
+        let order: Vec<i64> = stream
+            .watchers
+            .range(stream.drain_after + 1..)
+            .chain(stream.watchers.range(..=stream.drain_after))
+            .map(|(id, _)| *id)
+            .collect();
+        let Stream {
+            watchers,
+            ledger,
+            drain_after,
+            ..
+        } = stream;
+        for watch_id in order {
+            if out_bytes >= limits.drain_bytes_max {
+                behind = true;
+                break;
+            }
+            *drain_after = watch_id;
+            let Some(watcher) = watchers.get_mut(&watch_id) else {
+                continue;
+            };
+            while out_bytes < limits.drain_bytes_max {
+                let Some(entry) = watcher.queued.pop_front() else {
+                    break;
+                };
+                watcher.queued_events = watcher.queued_events.saturating_sub(entry.events.len());
+                watcher.queued_bytes = watcher.queued_bytes.saturating_sub(entry.bytes);
                 watcher.delivered_since_progress = true;
+                out_bytes = out_bytes.saturating_add(entry.bytes);
+                let events = entry.events.iter().map(|e| Event::clone(e)).collect();
                 out.push(WatchResponse {
-                    header: header(revision),
-                    watch_id: *watch_id,
+                    header: header(entry.revision),
+                    watch_id,
                     events,
                     ..WatchResponse::default()
                 });
+                ledger.release(node_queued_bytes, &entry);
             }
-            watcher.queued_events = 0;
+            if !watcher.queued.is_empty() {
+                behind = true;
+                continue;
+            }
             if watcher.next_revision > current {
                 continue;
             }
             if watcher.next_revision < compacted {
                 cancelled.push((
-                    *watch_id,
+                    watch_id,
                     WatchResponse {
                         header: header(current),
-                        watch_id: *watch_id,
+                        watch_id,
                         canceled: true,
                         compact_revision: compacted,
                         cancel_reason: COMPACTED_REASON.to_string(),
@@ -404,10 +669,10 @@ impl WatchHub {
             }
             if current - watcher.next_revision > limits.lag_revisions_max {
                 cancelled.push((
-                    *watch_id,
+                    watch_id,
                     WatchResponse {
                         header: header(current),
-                        watch_id: *watch_id,
+                        watch_id,
                         canceled: true,
                         cancel_reason: format!(
                             "ferry: watcher too slow: {} revisions behind (limit {})",
@@ -419,43 +684,70 @@ impl WatchHub {
                 ));
                 continue;
             }
-            // Catch up from history, one bounded batch per drain.
-            let history = store.history(
-                &watcher.range,
+            // Catch up from history, one bounded batch per drain, sharing
+            // the scan with watchers of the same range and revision.
+            let key: ScanKey = (
+                watcher.range.start.clone(),
+                watcher.range.end.clone(),
                 watcher.next_revision,
-                current,
-                limits.events_per_watcher_max,
             );
-            let complete = history.len() < limits.events_per_watcher_max;
+            if !scans.contains_key(&key) {
+                if scans_run >= limits.history_scans_per_drain_max {
+                    behind = true;
+                    continue;
+                }
+                scans_run += 1;
+                let history = store.history(
+                    &watcher.range,
+                    watcher.next_revision,
+                    current,
+                    limits.events_per_watcher_max,
+                    limits.drain_bytes_max,
+                );
+                let complete = history.len() < limits.events_per_watcher_max
+                    && history.iter().map(event_size_bytes).sum::<usize>() < limits.drain_bytes_max;
+                scans.insert(
+                    key.clone(),
+                    Scan {
+                        events: Arc::new(history),
+                        complete,
+                    },
+                );
+            }
+            let Some(scan) = scans.get(&key) else {
+                continue;
+            };
             let mut last_revision = watcher.next_revision - 1;
             let mut batch: Vec<Event> = Vec::new();
             let mut batch_revision = 0;
-            for event in history {
+            for event in scan.events.iter() {
                 let revision = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
                 if revision != batch_revision && !batch.is_empty() {
                     out.push(WatchResponse {
                         header: header(batch_revision),
-                        watch_id: *watch_id,
+                        watch_id,
                         events: std::mem::take(&mut batch),
                         ..WatchResponse::default()
                     });
                 }
                 batch_revision = revision;
                 last_revision = revision;
-                if watcher.wants(&event) {
-                    batch.push(watcher.shape(&event));
+                if watcher.wants(event) {
+                    let shaped = watcher.shape(event);
+                    out_bytes = out_bytes.saturating_add(event_size_bytes(&shaped));
+                    batch.push(shaped);
                 }
             }
             if !batch.is_empty() {
                 out.push(WatchResponse {
                     header: header(batch_revision),
-                    watch_id: *watch_id,
+                    watch_id,
                     events: batch,
                     ..WatchResponse::default()
                 });
             }
             watcher.delivered_since_progress = true;
-            if complete {
+            if scan.complete {
                 watcher.next_revision = current + 1;
             } else {
                 watcher.next_revision = last_revision + 1;
@@ -463,11 +755,15 @@ impl WatchHub {
             }
         }
         for (watch_id, response) in cancelled {
-            stream.watchers.remove(&watch_id);
+            if let Some(mut watcher) = watchers.remove(&watch_id) {
+                ledger.release_watcher(node_queued_bytes, &mut watcher);
+            }
             out.push(response);
         }
         if stream.progress_requested && !behind {
-            let all_synced = stream.watchers.values().all(|w| w.next_revision > current);
+            let all_synced = watchers
+                .values()
+                .all(|w| w.next_revision > current && w.queued.is_empty());
             if all_synced {
                 stream.progress_requested = false;
                 out.push(WatchResponse {

@@ -147,6 +147,33 @@ impl RaftBackend {
             .collect()
     }
 
+    /// etcd's strict reconfiguration check for a voter add: counting the
+    /// new member as not started, the voters that are started (this node,
+    /// and the peers it holds a working connection to) must form a quorum
+    /// of the configuration after the add. Otherwise the add could leave
+    /// the group without a quorum of live voters, and so without a leader,
+    /// until the new member starts, which it may never do.
+    fn check_quorum_after_add(&self, config: &ferry_raft::Configuration) -> Result<(), ApiError> {
+        let connected = self
+            .view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .connected
+            .clone();
+        let me = self.config.node_id;
+        let voters: std::collections::BTreeSet<NodeId> = config
+            .voters
+            .iter()
+            .chain(&config.voters_outgoing)
+            .copied()
+            .collect();
+        let check = strict_add_check(&voters, |id| id == me || connected.contains(&id));
+        if let Err(error) = &check {
+            tracing::info!(%error, "refusing a voter add");
+        }
+        check
+    }
+
     fn state_config(&self) -> ferry_raft::Configuration {
         self.view
             .lock()
@@ -254,15 +281,27 @@ impl Backend for RaftBackend {
         // (`create`), so its add fails before any membership change and the
         // client retries with a fresh id.
         let _adding = self.member_add_lock.lock().await;
-        let peer_url = peer_urls
-            .first()
-            .ok_or(ApiError::InvalidArgument("MemberAdd needs a peer URL"))?;
-        let peer_addr = peer_url
-            .trim_start_matches("http://")
-            .trim_start_matches("https://")
-            .trim_end_matches('/')
-            .to_string();
+        // Every URL must be one a member could be dialed at, as etcd
+        // checks: an unreachable voter would count toward the quorum and
+        // could leave the group unable to elect a leader.
+        let mut peer_addrs = Vec::with_capacity(peer_urls.len());
+        for url in &peer_urls {
+            match peer_url_addr(url) {
+                Ok(addr) => peer_addrs.push(addr),
+                Err(reason) => {
+                    tracing::info!(url = %url, %reason, "refusing a member add");
+                    return Err(ApiError::BadMemberUrls);
+                }
+            }
+        }
+        let (Some(peer_url), Some(peer_addr)) = (peer_urls.first(), peer_addrs.first().cloned())
+        else {
+            return Err(ApiError::BadMemberUrls);
+        };
         let config = self.state_config();
+        if !is_learner {
+            self.check_quorum_after_add(&config)?;
+        }
         let known: Vec<NodeId> = {
             let machine = self.state.lock();
             machine.kv().member_records().keys().copied().collect()
@@ -344,9 +383,146 @@ impl Backend for RaftBackend {
     }
 }
 
+/// The strict reconfiguration check (see
+/// `RaftBackend::check_quorum_after_add`) over the current `voters`, with
+/// `started` telling which of them are started and reachable.
+fn strict_add_check(
+    voters: &std::collections::BTreeSet<NodeId>,
+    started: impl Fn(NodeId) -> bool,
+) -> Result<(), ApiError> {
+    let started = voters.iter().filter(|id| started(**id)).count();
+    let voters_after = voters.len() + 1;
+    let quorum = voters_after / 2 + 1;
+    if started < quorum {
+        return Err(ApiError::NotEnoughStartedMembers {
+            voters: voters_after,
+            started,
+            quorum,
+        });
+    }
+    Ok(())
+}
+
+/// The address to dial for a peer URL, or why the URL is not one: as etcd
+/// takes them, `http://` or `https://`, then `host:port` (a bracketed IPv6
+/// address as host), and nothing after (no path, query or user).
+pub(crate) fn peer_url_addr(url: &str) -> Result<String, String> {
+    let url = url.trim();
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("{url:?} is not a URL (no scheme)"))?;
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return Err(format!("URL scheme must be http or https: {url:?}"));
+    }
+    if rest.contains(['/', '?', '#']) {
+        return Err(format!("URL must not contain a path: {url:?}"));
+    }
+    if rest.contains('@') {
+        return Err(format!("URL must not contain a user: {url:?}"));
+    }
+    let not_host_port = || format!("URL address does not have the form \"host:port\": {url:?}");
+    let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']').ok_or_else(not_host_port)?;
+        let port = after.strip_prefix(':').ok_or_else(not_host_port)?;
+        let ipv6 = !host.is_empty()
+            && host.contains(':')
+            && host
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.');
+        if !ipv6 {
+            return Err(format!("{host:?} is not an IPv6 address: {url:?}"));
+        }
+        (host, port)
+    } else {
+        let (host, port) = rest.rsplit_once(':').ok_or_else(not_host_port)?;
+        let name = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+        if !name {
+            return Err(not_host_port());
+        }
+        (host, port)
+    };
+    let port_ok = !port.is_empty()
+        && port.chars().all(|c| c.is_ascii_digit())
+        && port.parse::<u16>().is_ok_and(|p| p > 0);
+    if !port_ok {
+        return Err(format!("URL has no valid port: {url:?}"));
+    }
+    Ok(if rest.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    })
+}
+
 /// A stream of one request, for forwarding a keep-alive.
 fn futures_once<T: Send + 'static>(
     item: T,
 ) -> impl tonic::codegen::tokio_stream::Stream<Item = T> + Send + 'static {
     tonic::codegen::tokio_stream::iter(std::iter::once(item))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_urls_are_checked_as_etcd_checks_them() {
+        for (url, addr) in [
+            ("http://127.0.0.1:2380", "127.0.0.1:2380"),
+            (" https://node-2.example:12380 ", "node-2.example:12380"),
+            ("HTTP://[::1]:2380", "[::1]:2380"),
+        ] {
+            assert_eq!(peer_url_addr(url).as_deref(), Ok(addr), "{url}");
+        }
+        for url in [
+            "",
+            "not a url",
+            "http://[::1",
+            "http://[::1]",
+            "http://[nothost]:1",
+            "127.0.0.1:2380",
+            "unix://x:1",
+            "http://host",
+            "http://host:",
+            "http://host:0",
+            "http://host:65536",
+            "http://host:12ab",
+            "http://:2380",
+            "http://a b:1",
+            "http://h:1/",
+            "http://h:1/path",
+            "http://h:1?q",
+            "http://u@h:1",
+            "http://a:b:1",
+        ] {
+            assert!(peer_url_addr(url).is_err(), "{url:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn a_voter_add_needs_a_quorum_of_started_voters_after_it() {
+        let voters = |ids: &[NodeId]| ids.iter().copied().collect();
+        let all_up = |_: NodeId| true;
+        // 3 voters up: the 4th (quorum 3) and the 5th (quorum 3) may come.
+        assert!(strict_add_check(&voters(&[1, 2, 3]), all_up).is_ok());
+        let three_of_four = |id: NodeId| id <= 3;
+        assert!(strict_add_check(&voters(&[1, 2, 3, 4]), three_of_four).is_ok());
+        // The 6th would need 4 of 6 with 3 up: refused with the counts.
+        let three_of_five = |id: NodeId| id <= 3;
+        assert_eq!(
+            strict_add_check(&voters(&[1, 2, 3, 4, 5]), three_of_five),
+            Err(ApiError::NotEnoughStartedMembers {
+                voters: 6,
+                started: 3,
+                quorum: 4
+            })
+        );
+        // A one-voter cluster cannot take a second voter before it starts.
+        assert!(strict_add_check(&voters(&[1]), all_up).is_err());
+        // Two of three up: a 4th voter (quorum 3) is refused.
+        assert!(strict_add_check(&voters(&[1, 2, 3]), |id| id != 3).is_err());
+    }
 }

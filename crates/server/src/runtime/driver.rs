@@ -23,7 +23,7 @@ use crate::api::EtcdApi;
 use crate::backend::NodeStatus;
 use crate::connections::{open_files_limit, split_descriptors, ConnectionLimits};
 use crate::error::ApiError;
-use crate::kv_state::{CommandResponse, KvLimits, KvState};
+use crate::kv_state::{CommandResponse, KvLimits, KvState, Reads};
 use crate::log_limit::LogLimiter;
 use crate::member_id::Hex;
 use crate::peer::{
@@ -43,6 +43,10 @@ const EXPIRED_LEASES_PER_COMMAND_MAX: usize = 64;
 /// the next one is tried: building one can cost a pass over the whole
 /// state, and the log keeps every entry meanwhile.
 const SNAPSHOT_RETRY_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Least election timeouts a removed member's link is kept: longer than
+/// the engine goes on replicating to it (four of the longest election
+/// timeouts, twice the least), so that it can learn of its removal.
+const RETIRING_LINK_ELECTION_TIMEOUTS: u64 = 10;
 
 /// Why a node could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +142,9 @@ impl From<ApplyWaiter> for Waiter {
 pub(crate) struct NodeView {
     pub(crate) status: NodeStatus,
     pub(crate) config: Configuration,
+    /// Peers this node has a working connection to, for the strict
+    /// reconfiguration check of MemberAdd.
+    pub(crate) connected: std::collections::BTreeSet<NodeId>,
 }
 
 /// A running node: its API, its driver and its transport.
@@ -173,13 +180,13 @@ fn api_error(error: RequestError) -> ApiError {
         RequestError::LeadershipLost => ApiError::NoLeader,
         RequestError::Timeout => ApiError::Timeout,
         RequestError::LearnerNotCaughtUp { .. } => ApiError::LearnerNotReady,
+        RequestError::Removed => ApiError::Removed,
         RequestError::Busy { .. }
-        | RequestError::Removed
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::TransferInProgress
-        | RequestError::Halted { .. }
         | RequestError::LeaseReadsDisabled => ApiError::Internal(error.to_string()),
+        RequestError::Halted { reason } => ApiError::Halted(reason),
     }
 }
 
@@ -337,6 +344,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             ..NodeStatus::default()
         },
         config: node.config().clone(),
+        connected: std::collections::BTreeSet::new(),
     }));
     // One clock for lease deadlines: the driver starts them when it applies
     // a grant and expires them, the API renews them on keep-alive.
@@ -450,9 +458,8 @@ struct Driver {
     role: Role,
     /// Whether the engine said this node was removed.
     removed: bool,
-    /// Per kind of fault, the tick it was last logged at and how many were
-    /// not logged since: a faulty peer can cause one per message.
-    fault_log: BTreeMap<&'static str, (u64, u64)>,
+    /// Warnings of detected faults, rate limited per kind.
+    fault_warnings: BTreeMap<&'static str, LogLimiter>,
     /// Storage shortages being waited out, as the status reports them.
     troubles: Troubles,
     /// Whether the status's errors need to be published again.
@@ -466,6 +473,9 @@ struct Driver {
     snapshot_chunk_warnings: LogLimiter,
     /// Warnings of storage shortages, rate limited.
     storage_warnings: LogLimiter,
+    /// Links to removed members kept until the tick given (see
+    /// [`RETIRING_LINK_ELECTION_TIMEOUTS`]).
+    retiring: BTreeMap<NodeId, u64>,
 }
 
 /// Storage shortages the node waits out instead of stopping (out of file
@@ -482,10 +492,6 @@ struct Troubles {
 /// The way back for a member whose log contradicts its group's.
 const REPAIR_HINT: &str = "stop it, move its data directory aside, remove it with `etcdctl member remove`, \
      then add it back as a new member (`etcdctl member add --learner`) and start it empty with --join";
-
-/// A detected fault of one kind is logged at most once per this many ticks;
-/// the next line says how many were left out.
-const FAULT_LOG_INTERVAL_TICKS: u64 = 100;
 
 type SyncOutcome = (ferry_storage::PendingSync<FsDisk>, std::io::Result<()>);
 /// A snapshot of the local state machine whose data a blocking thread wrote.
@@ -578,7 +584,7 @@ impl Driver {
             self_publish_tick: 0,
             role: Role::Follower,
             removed: false,
-            fault_log: BTreeMap::new(),
+            fault_warnings: BTreeMap::new(),
             troubles: Troubles::default(),
             errors_changed: false,
             snapshot_retry_at: None,
@@ -586,6 +592,7 @@ impl Driver {
             misaddressed_warnings: LogLimiter::for_remote_input(),
             snapshot_chunk_warnings: LogLimiter::for_remote_input(),
             storage_warnings: LogLimiter::for_remote_input(),
+            retiring: BTreeMap::new(),
         };
         (driver, snapshot_written, snapshot_restored)
     }
@@ -648,6 +655,7 @@ impl Driver {
             tracing::debug!("dropping a snapshot transfer the engine abandoned");
             self.receiving = None;
         }
+        self.drop_retired_links();
         self.expire_leases()?;
         self.publish_self()
     }
@@ -676,8 +684,14 @@ impl Driver {
 
     fn on_transport(&mut self, event: TransportEvent) -> Result<(), DriverError> {
         match event {
-            TransportEvent::Connected(peer) => self.step(Input::PeerConnected(peer)),
-            TransportEvent::Disconnected(peer) => self.step(Input::PeerDisconnected(peer)),
+            TransportEvent::Connected(peer) => {
+                self.set_connected(peer, true);
+                self.step(Input::PeerConnected(peer))
+            }
+            TransportEvent::Disconnected(peer) => {
+                self.set_connected(peer, false);
+                self.step(Input::PeerDisconnected(peer))
+            }
             // The lease holds the frame's share of the transport's inbound
             // budget until the frame has been taken in.
             TransportEvent::Received {
@@ -735,6 +749,19 @@ impl Driver {
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.clock_origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Publishes whether the link to `peer` is up.
+    fn set_connected(&mut self, peer: NodeId, up: bool) {
+        let mut view = self
+            .view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if up {
+            view.connected.insert(peer);
+        } else {
+            view.connected.remove(&peer);
+        }
     }
 
     /// The leader decides lease expiry by its clock and replicates it.
@@ -860,13 +887,28 @@ impl Driver {
                 tracing::warn!(
                     "this node was removed from the cluster; it serves no more requests"
                 );
+                // Publish before waking the watch streams, which end when
+                // they see it.
+                self.publish_status();
+                self.state.lock().watches.wake_all();
             }
-            Action::Fault(fault) => self.report_fault(&fault),
+            Action::Fault(fault) => {
+                self.report_fault(&fault);
+                if self.node.is_halted() {
+                    // The fault halted the group: clients are refused from
+                    // the published status on, and watch streams end when
+                    // they see it.
+                    self.errors_changed = true;
+                    self.publish_status();
+                    self.state.lock().watches.wake_all();
+                }
+            }
         }
         Ok(())
     }
 
-    /// Logs a fault the engine detected, rate-limited per kind.
+    /// Logs a fault the engine detected, rate limited per kind: a faulty
+    /// peer can cause one per message.
     fn report_fault(&mut self, fault: &ferry_raft::Fault) {
         let kind = match fault {
             ferry_raft::Fault::MessageOutOfRange { .. } => "message out of range",
@@ -875,14 +917,14 @@ impl Driver {
             ferry_raft::Fault::CommitBeyondLog { .. } => "commit beyond log",
             ferry_raft::Fault::FollowerLogWentBack { .. } => "follower log went back",
         };
-        let ticks = self.ticks;
-        let entry = self.fault_log.entry(kind).or_insert((0, 0));
-        let (last_tick, suppressed) = *entry;
-        if last_tick != 0 && ticks < last_tick.saturating_add(FAULT_LOG_INTERVAL_TICKS) {
-            entry.1 = suppressed.saturating_add(1);
+        let Some(suppressed) = self
+            .fault_warnings
+            .entry(kind)
+            .or_insert_with(LogLimiter::for_remote_input)
+            .allow()
+        else {
             return;
-        }
-        *entry = (ticks.max(1), 0);
+        };
         match fault {
             ferry_raft::Fault::LogConflict { .. } => {
                 tracing::error!(suppressed, "{fault}; repair this member: {REPAIR_HINT}")
@@ -917,8 +959,16 @@ impl Driver {
         match payload {
             EntryPayload::Command(data) => {
                 let now_ms = self.now_ms();
+                // Read results are built only where a client waits for
+                // them; on every other member (and on a replay after a
+                // restart) they would be thrown away, and a txn of large
+                // ranges would cost every member its memory for nothing.
+                let reads = match waiter {
+                    Some(ApplyWaiter::Propose(_)) => Reads::Build,
+                    Some(ApplyWaiter::Membership(_)) | None => Reads::SizeOnly,
+                };
                 let mut state = self.state.lock();
-                let applied = state.apply_bytes(index, data);
+                let applied = state.apply_bytes_with(index, data, reads);
                 state.sync_lease_clock(now_ms);
                 drop(state);
                 if let Some(ApplyWaiter::Propose(reply)) = waiter {
@@ -1334,7 +1384,33 @@ impl Driver {
             tracing::info!(peer = %Hex(id), %addr, "dialing a new member");
             self.transport.add_peer(id, addr);
         }
+        // A removed member keeps its link for a while: the leader goes on
+        // replicating to it so that it learns of its removal (and stops
+        // serving); cut at once, it would never hear of it.
+        let grace_ticks =
+            RETIRING_LINK_ELECTION_TIMEOUTS * u64::from(self.config.election_timeout_ticks);
         for id in dialed {
+            if members.contains(&id) {
+                self.retiring.remove(&id);
+            } else if !self.retiring.contains_key(&id) {
+                tracing::info!(peer = %Hex(id), "a member was removed; dialing it a little longer so that it learns of it");
+                self.retiring.insert(id, self.ticks + grace_ticks);
+            }
+        }
+    }
+
+    /// Drops the links of removed members whose grace period is over.
+    fn drop_retired_links(&mut self) {
+        let now = self.ticks;
+        let members = self.node.config().members();
+        let due: Vec<NodeId> = self
+            .retiring
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.retiring.remove(&id);
             if !members.contains(&id) {
                 tracing::info!(peer = %Hex(id), "no longer dialing a removed member");
                 self.transport.remove_peer(id);
@@ -1394,6 +1470,11 @@ impl Driver {
             if self.removed {
                 errors.push("this member has been removed from the cluster".to_string());
             }
+            if let Some(fault) = self.node.halted() {
+                errors.push(format!(
+                    "this member halted on a detected fault: {fault}; {REPAIR_HINT}"
+                ));
+            }
             errors.extend(self.troubles.rotation.iter().cloned());
             errors.extend(self.troubles.snapshot.iter().cloned());
             errors
@@ -1415,6 +1496,10 @@ impl Driver {
             published.raft_index = self.node.last_index();
             published.raft_applied_index = self.node.applied_index();
             published.is_learner = config.is_learner(self.config.node_id);
+            published.removed = self.removed;
+            if published.halted.is_none() {
+                published.halted = self.node.halted().map(ToString::to_string);
+            }
             if let Some(errors) = errors {
                 published.errors = errors;
             }

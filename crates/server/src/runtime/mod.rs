@@ -26,4 +26,4 @@ mod driver;
 pub use backend::RaftBackend;
 pub(crate) use config::member_addrs;
 pub use config::{MemberAddrs, NodeConfig};
-pub use driver::{start_node, RunningNode, StartError};
+pub use driver::{start_node, RunningNode, StartError, KV_GROUP};

@@ -139,8 +139,13 @@ impl Machine {
         }
     }
 
-    pub fn apply(&mut self, command: Command) -> Applied {
+    /// Applies as a replica does a command this node admitted: under the
+    /// bounds of its own limits, which the API writes into the command.
+    pub fn apply(&mut self, mut command: Command) -> Applied {
         self.index += 1;
+        if command.bounds.is_none() {
+            command.bounds = Some(self.kv.limits().command_bounds());
+        }
         self.kv.apply(self.index, &command)
     }
 

@@ -4,6 +4,8 @@ mod helpers;
 mod kv_semantics;
 mod member_records;
 mod mvcc_semantics;
+mod range_view;
 mod snapshot_determinism;
 mod snapshot_source;
+mod txn_bounds;
 mod watch_semantics;

@@ -261,7 +261,7 @@ fn history_replays_in_revision_and_operation_order() {
     })); // 3: c before a
     m.ok(delete_cmd("b", "")); // 4
     let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
-    let events = m.kv.store().history(&everything, 2, 4, 100);
+    let events = m.kv.store().history(&everything, 2, 4, 100, usize::MAX);
     let seen: Vec<(i64, String, i32)> = events
         .iter()
         .map(|e| {
@@ -284,7 +284,10 @@ fn history_replays_in_revision_and_operation_order() {
     );
     assert_eq!(events[3].prev_kv.as_ref().unwrap().value, b"1");
     // A limit never splits a revision.
-    assert_eq!(m.kv.store().history(&everything, 2, 4, 2).len(), 3);
+    assert_eq!(
+        m.kv.store().history(&everything, 2, 4, 2, usize::MAX).len(),
+        3
+    );
 }
 
 #[test]
@@ -294,7 +297,7 @@ fn compaction_keeps_a_delete_at_the_compacted_revision_for_watchers() {
     m.ok(delete_cmd("a", "")); // 3
     m.ok(compact_cmd(3));
     let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
-    let events = m.kv.store().history(&everything, 3, 3, 100);
+    let events = m.kv.store().history(&everything, 3, 3, 100, usize::MAX);
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].r#type, 1);
     assert_eq!(m.get("a"), None);
