@@ -31,10 +31,10 @@ pub mod connections;
 pub mod error;
 pub mod kv_state;
 pub mod lease;
-pub mod log_limit;
-pub mod member_id;
 pub mod mvcc;
-pub mod peer;
+/// The peer transport, from the runtime.
+pub use ferry_runtime::transport as peer;
+pub use ferry_runtime::{log_limit, member_id};
 pub mod runtime;
 pub mod state;
 pub mod watch;

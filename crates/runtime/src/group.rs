@@ -1,0 +1,562 @@
+//! One Raft group on a worker: its engine, its machine, and the callers
+//! waiting on it. Carries out every action the engine returns.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use ferry_raft::{
+    Action, EntryPayload, GroupId, Index, Input, MembershipChange, Message, NodeId, RaftNode,
+    ReadConsistency, Request, RequestError, RequestId, Response, Role, Status, Term,
+};
+
+use crate::error::GroupError;
+use crate::log_limit::LogLimiter;
+use crate::log_task::LogRequest;
+use crate::machine::{Command, StateMachine};
+use crate::snapshot_policy::SnapshotPolicy;
+use crate::transport::codec::encode_message;
+use crate::worker::{Completion, GroupRun, Outbox};
+use crate::Links;
+
+/// Ticks before a local snapshot that failed for lack of descriptors or
+/// space is tried again: it costs a pass over the state, and the log keeps
+/// every entry meanwhile.
+const SNAPSHOT_RETRY_TICKS: u64 = 50;
+
+/// A call from a [`crate::GroupHandle`] for a group of machine `M`.
+pub(crate) enum Call<M: StateMachine> {
+    Propose {
+        command: Bytes,
+        reply: oneshot::Sender<Result<M::Response, GroupError>>,
+    },
+    Query {
+        query: M::Query,
+        consistency: ReadConsistency,
+        reply: oneshot::Sender<Result<M::QueryResponse, GroupError>>,
+    },
+    ChangeMembership {
+        change: MembershipChange,
+        reply: oneshot::Sender<Result<Index, GroupError>>,
+    },
+    TransferLeadership {
+        to: NodeId,
+        reply: oneshot::Sender<Result<(), GroupError>>,
+    },
+    Status {
+        reply: oneshot::Sender<Result<Status, GroupError>>,
+    },
+}
+
+/// Where a query's answer goes.
+type QueryReply<M> = oneshot::Sender<Result<<M as StateMachine>::QueryResponse, GroupError>>;
+
+/// Queries by the read index they wait for.
+type PendingReads<M> = BTreeMap<Index, Vec<(<M as StateMachine>::Query, QueryReply<M>)>>;
+
+/// A request the engine has not answered yet.
+enum Waiter<M: StateMachine> {
+    Propose(oneshot::Sender<Result<M::Response, GroupError>>),
+    Query(
+        M::Query,
+        oneshot::Sender<Result<M::QueryResponse, GroupError>>,
+    ),
+    Membership(oneshot::Sender<Result<Index, GroupError>>),
+    Transfer(oneshot::Sender<Result<(), GroupError>>),
+    Status(oneshot::Sender<Result<Status, GroupError>>),
+}
+
+/// A request whose entry is in the log, waiting for it to apply.
+enum Applying<M: StateMachine> {
+    Propose(oneshot::Sender<Result<M::Response, GroupError>>),
+    Membership(oneshot::Sender<Result<Index, GroupError>>),
+}
+
+impl<M: StateMachine> Waiter<M> {
+    fn fail(self, error: GroupError) {
+        match self {
+            Waiter::Propose(reply) => drop(reply.send(Err(error))),
+            Waiter::Query(_, reply) => drop(reply.send(Err(error))),
+            Waiter::Membership(reply) => drop(reply.send(Err(error))),
+            Waiter::Transfer(reply) => drop(reply.send(Err(error))),
+            Waiter::Status(reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+impl<M: StateMachine> Applying<M> {
+    fn fail(self, error: GroupError) {
+        match self {
+            Applying::Propose(reply) => drop(reply.send(Err(error))),
+            Applying::Membership(reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+/// The snapshot bookkeeping of an in-memory machine.
+#[derive(Debug, Default)]
+struct Snapshots {
+    /// The index of the latest snapshot on disk (0: none).
+    index: Index,
+    /// Its size.
+    bytes: u64,
+    /// Bytes of commands applied since it was taken.
+    log_bytes: u64,
+    /// The snapshot being written, and `log_bytes` when it was started.
+    building: Option<(Index, u64)>,
+    /// No snapshot is tried before this tick (after one failed).
+    retry_at_tick: u64,
+}
+
+/// A snapshot arriving from the leader.
+struct Receiving {
+    index: Index,
+    chunks: Vec<Bytes>,
+}
+
+/// One group of machine `M`.
+pub(crate) struct Group<M: StateMachine> {
+    id: GroupId,
+    node: RaftNode,
+    machine: M,
+    links: Arc<Links>,
+    policy: SnapshotPolicy,
+    actions: Vec<Action>,
+    next_request: u64,
+    waiting: HashMap<RequestId, Waiter<M>>,
+    applying: BTreeMap<Index, (Term, Applying<M>)>,
+    /// Queries whose read index is ahead of what is applied.
+    reads: PendingReads<M>,
+    applied: Index,
+    snapshots: Snapshots,
+    receiving: Option<Receiving>,
+    ticks: u64,
+    role: Role,
+    fault_warnings: LogLimiter,
+}
+
+impl<M: StateMachine> Group<M> {
+    /// A group around an engine recovered (or bootstrapped) at `applied`
+    /// with the machine restored to the snapshot at `snapshot_index`.
+    pub(crate) fn new(
+        id: GroupId,
+        node: RaftNode,
+        machine: M,
+        links: Arc<Links>,
+        policy: SnapshotPolicy,
+        snapshot: (Index, u64),
+    ) -> Group<M> {
+        Group {
+            id,
+            applied: node.applied_index(),
+            node,
+            machine,
+            links,
+            policy,
+            actions: Vec::new(),
+            next_request: 1,
+            waiting: HashMap::new(),
+            applying: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            snapshots: Snapshots {
+                index: snapshot.0,
+                bytes: snapshot.1,
+                ..Snapshots::default()
+            },
+            receiving: None,
+            ticks: 0,
+            role: Role::Follower,
+            fault_warnings: LogLimiter::for_remote_input(),
+        }
+    }
+
+    /// Feeds one input and carries out every action it produces.
+    fn step(&mut self, input: Input, out: &mut Outbox) {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.node.step(input, &mut actions);
+        for action in actions.drain(..) {
+            self.act(action, out);
+        }
+        self.actions = actions;
+    }
+
+    fn request(&mut self, request: Request, waiter: Waiter<M>, out: &mut Outbox) {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        self.waiting.insert(id, waiter);
+        self.step(Input::Client { id, request }, out);
+    }
+
+    fn act(&mut self, action: Action, out: &mut Outbox) {
+        match action {
+            Action::Persist(request) => out.log.push(LogRequest::Append {
+                group: self.id,
+                request,
+            }),
+            Action::Send(message) => {
+                self.links.send(message.to, encode_message(&message));
+            }
+            Action::Apply(entries) => {
+                for entry in entries {
+                    self.apply(entry.index, entry.term, &entry.payload);
+                }
+                self.answer_reads();
+                self.maybe_snapshot(out);
+            }
+            Action::Respond { id, result } => self.respond(id, result),
+            Action::LoadSnapshotChunk {
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            } => out.log.push(LogRequest::ReadChunk {
+                group: self.id,
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            }),
+            Action::SaveSnapshotChunk {
+                meta,
+                offset,
+                data,
+                done,
+            } => {
+                if offset == 0 {
+                    self.receiving = Some(Receiving {
+                        index: meta.index,
+                        chunks: Vec::new(),
+                    });
+                }
+                if let Some(receiving) = self.receiving.as_mut().filter(|r| r.index == meta.index) {
+                    receiving.chunks.push(data.clone());
+                }
+                out.log.push(LogRequest::SaveChunk {
+                    group: self.id,
+                    meta,
+                    offset,
+                    data,
+                    done,
+                });
+            }
+            Action::Compact { through } => out.log.push(LogRequest::Compact {
+                group: self.id,
+                through,
+            }),
+            Action::RoleChanged { role, term, leader } => {
+                tracing::debug!(group = self.id, ?role, term, ?leader, "role changed");
+                self.role = role;
+            }
+            Action::Removed => {
+                tracing::info!(group = self.id, "this node was removed from the group");
+            }
+            Action::Fault(fault) => {
+                if let Some(suppressed) = self.fault_warnings.allow() {
+                    tracing::warn!(group = self.id, suppressed, "{fault}");
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, index: Index, term: Term, payload: &EntryPayload) {
+        // Anything waiting on an earlier index lost its place (a new leader
+        // replaced the entry): it will never apply.
+        while let Some(entry) = self.applying.first_entry() {
+            if *entry.key() >= index {
+                break;
+            }
+            let (_, waiter) = entry.remove();
+            waiter.fail(GroupError::Dropped);
+        }
+        let waiter = match self.applying.remove(&index) {
+            Some((waited_term, waiter)) if waited_term == term => Some(waiter),
+            Some((_, waiter)) => {
+                waiter.fail(GroupError::Dropped);
+                None
+            }
+            None => None,
+        };
+        match payload {
+            EntryPayload::Command(data) => {
+                self.snapshots.log_bytes =
+                    self.snapshots.log_bytes.saturating_add(data.len() as u64);
+                let response = self.machine.apply(Command { index, term, data });
+                match waiter {
+                    Some(Applying::Propose(reply)) => drop(reply.send(Ok(response))),
+                    Some(Applying::Membership(reply)) => drop(reply.send(Err(GroupError::Dropped))),
+                    None => {}
+                }
+            }
+            EntryPayload::Noop | EntryPayload::Config(_) => match waiter {
+                Some(Applying::Membership(reply)) => drop(reply.send(Ok(index))),
+                Some(Applying::Propose(reply)) => drop(reply.send(Err(GroupError::Dropped))),
+                None => {}
+            },
+        }
+        self.applied = index;
+    }
+
+    fn respond(&mut self, id: RequestId, result: Result<Response, RequestError>) {
+        let Some(waiter) = self.waiting.remove(&id) else {
+            return;
+        };
+        match (waiter, result) {
+            (Waiter::Propose(reply), Ok(Response::Proposed { index, term })) => {
+                self.applying
+                    .insert(index, (term, Applying::Propose(reply)));
+            }
+            (Waiter::Membership(reply), Ok(Response::Proposed { index, term })) => {
+                self.applying
+                    .insert(index, (term, Applying::Membership(reply)));
+            }
+            (Waiter::Query(query, reply), Ok(Response::ReadReady { index })) => {
+                if index <= self.applied {
+                    let _ = reply.send(Ok(self.machine.query(query)));
+                } else {
+                    self.reads.entry(index).or_default().push((query, reply));
+                }
+            }
+            (Waiter::Transfer(reply), Ok(Response::TransferStarted)) => {
+                let _ = reply.send(Ok(()));
+            }
+            (Waiter::Status(reply), Ok(Response::Status(status))) => {
+                let _ = reply.send(Ok(status));
+            }
+            (waiter, Ok(other)) => waiter.fail(GroupError::Start {
+                group: self.id,
+                reason: format!("the engine answered {other:?}"),
+            }),
+            (waiter, Err(error)) => waiter.fail(GroupError::Engine(error)),
+        }
+    }
+
+    /// Answers the queries whose read index is now applied.
+    fn answer_reads(&mut self) {
+        while let Some(entry) = self.reads.first_entry() {
+            if *entry.key() > self.applied {
+                break;
+            }
+            for (query, reply) in entry.remove() {
+                let _ = reply.send(Ok(self.machine.query(query)));
+            }
+        }
+    }
+
+    /// Takes a snapshot when the policy says one is due. Taking the view is
+    /// cheap; writing it runs on a blocking thread of the log task.
+    fn maybe_snapshot(&mut self, out: &mut Outbox) {
+        let s = &self.snapshots;
+        if s.building.is_some()
+            || self.applied <= s.index
+            || self.ticks < s.retry_at_tick
+            || !self.policy.due(s.log_bytes, s.bytes)
+        {
+            return;
+        }
+        let index = self.applied;
+        let Some(term) = self.node.term_at(index) else {
+            return;
+        };
+        let meta = ferry_raft::SnapshotMeta {
+            index,
+            term,
+            config: self.node.config().clone(),
+        };
+        self.snapshots.building = Some((index, self.snapshots.log_bytes));
+        out.log.push(LogRequest::TakeSnapshot {
+            group: self.id,
+            meta,
+            source: self.machine.snapshot(),
+        });
+    }
+}
+
+impl<M: StateMachine> GroupRun for Group<M> {
+    fn message(&mut self, message: Message, out: &mut Outbox) {
+        self.step(Input::Message(message), out);
+    }
+
+    fn peer(&mut self, peer: NodeId, up: bool, out: &mut Outbox) {
+        let input = if up {
+            Input::PeerConnected(peer)
+        } else {
+            Input::PeerDisconnected(peer)
+        };
+        self.step(input, out);
+    }
+
+    fn call(&mut self, call: Box<dyn Any + Send>, out: &mut Outbox) {
+        let Ok(call) = call.downcast::<Call<M>>() else {
+            // The reply sender inside is dropped: the caller sees an error.
+            tracing::error!(group = self.id, "a call for another kind of machine");
+            return;
+        };
+        match *call {
+            Call::Propose { command, reply } => {
+                self.request(Request::Propose(command), Waiter::Propose(reply), out)
+            }
+            Call::Query {
+                query,
+                consistency,
+                reply,
+            } => self.request(Request::Read(consistency), Waiter::Query(query, reply), out),
+            Call::ChangeMembership { change, reply } => self.request(
+                Request::ChangeMembership(change),
+                Waiter::Membership(reply),
+                out,
+            ),
+            Call::TransferLeadership { to, reply } => self.request(
+                Request::TransferLeadership(to),
+                Waiter::Transfer(reply),
+                out,
+            ),
+            Call::Status { reply } => self.request(Request::Status, Waiter::Status(reply), out),
+        }
+    }
+
+    fn tick(&mut self, out: &mut Outbox) {
+        self.ticks += 1;
+        self.step(Input::Tick, out);
+        if self.receiving.is_some() && !self.node.is_receiving_snapshot() {
+            // The engine gave up on the transfer: free its chunks now.
+            self.receiving = None;
+        }
+        if self.snapshots.retry_at_tick == self.ticks {
+            self.maybe_snapshot(out);
+        }
+    }
+
+    fn complete(&mut self, completion: Completion, out: &mut Outbox) {
+        match completion {
+            Completion::Persisted { seq } => self.step(Input::Persisted { seq }, out),
+            Completion::ChunkLoaded {
+                to,
+                snapshot_index,
+                offset,
+                chunk,
+            } => self.step(
+                Input::SnapshotChunkLoaded {
+                    to,
+                    snapshot_index,
+                    offset,
+                    chunk,
+                },
+                out,
+            ),
+            Completion::ChunkSaved {
+                index,
+                offset,
+                ok,
+                last,
+            } => {
+                if !ok || !last {
+                    if !ok {
+                        self.receiving = None;
+                    }
+                    self.step(
+                        Input::SnapshotChunkSaved {
+                            snapshot_index: index,
+                            offset,
+                            ok,
+                        },
+                        out,
+                    );
+                    return;
+                }
+                // The whole snapshot is on disk: restore the machine from
+                // it, then install it (which resets the log).
+                let restored = match self.receiving.take().filter(|r| r.index == index) {
+                    Some(receiving) => {
+                        let bytes = receiving.chunks.concat();
+                        self.machine
+                            .restore(&bytes)
+                            .map(|()| bytes.len() as u64)
+                            .map_err(|e| e.to_string())
+                    }
+                    None => Err("its chunks were not kept".to_string()),
+                };
+                match restored {
+                    Ok(bytes) => {
+                        self.snapshots.bytes = bytes;
+                        out.log.push(LogRequest::InstallReceived {
+                            group: self.id,
+                            offset,
+                        });
+                    }
+                    Err(reason) => {
+                        tracing::warn!(group = self.id, index, %reason, "a snapshot from the leader does not restore; the leader starts over");
+                        out.log.push(LogRequest::AbandonReceived { group: self.id });
+                        self.step(
+                            Input::SnapshotChunkSaved {
+                                snapshot_index: index,
+                                offset,
+                                ok: false,
+                            },
+                            out,
+                        );
+                    }
+                }
+            }
+            Completion::Installed { index, offset } => {
+                // Whatever waited on an entry the snapshot covers will hear
+                // no more of it here.
+                while let Some(entry) = self.applying.first_entry() {
+                    if *entry.key() > index {
+                        break;
+                    }
+                    entry.remove().1.fail(GroupError::Dropped);
+                }
+                self.applied = index;
+                self.snapshots.index = index;
+                self.snapshots.log_bytes = 0;
+                self.snapshots.building = None;
+                self.step(
+                    Input::SnapshotChunkSaved {
+                        snapshot_index: index,
+                        offset,
+                        ok: true,
+                    },
+                    out,
+                );
+                self.answer_reads();
+            }
+            Completion::SnapshotTaken { index, bytes } => {
+                let at_start = match self.snapshots.building.take() {
+                    Some((building, at_start)) if building == index => at_start,
+                    _ => 0,
+                };
+                if index <= self.snapshots.index {
+                    // A snapshot from the leader was installed meanwhile.
+                    return;
+                }
+                self.snapshots.index = index;
+                self.snapshots.bytes = bytes;
+                self.snapshots.log_bytes = self.snapshots.log_bytes.saturating_sub(at_start);
+                self.step(Input::SnapshotBuilt { index }, out);
+                self.maybe_snapshot(out);
+            }
+            Completion::SnapshotFailed { index, error } => {
+                tracing::warn!(group = self.id, index, %error, "cannot take a snapshot for now; the log keeps every entry meanwhile");
+                self.snapshots.building = None;
+                self.snapshots.retry_at_tick = self.ticks + SNAPSHOT_RETRY_TICKS;
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        for (_, waiter) in std::mem::take(&mut self.waiting) {
+            waiter.fail(GroupError::NotRunning { group: self.id });
+        }
+        for (_, (_, waiter)) in std::mem::take(&mut self.applying) {
+            waiter.fail(GroupError::NotRunning { group: self.id });
+        }
+        for (_, reads) in std::mem::take(&mut self.reads) {
+            for (_, reply) in reads {
+                let _ = reply.send(Err(GroupError::NotRunning { group: self.id }));
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The contract an embedder implements: a replicated state machine.
+//!
+//! The runtime calls a machine from one thread at a time (the worker that
+//! owns its group), so a machine needs no locking of its own unless it
+//! shares its state with other threads (as the etcd server does, to read
+//! without going through the runtime).
+
+use std::io;
+
+use ferry_raft::{Index, Term};
+
+/// One committed command, as the runtime hands it to
+/// [`StateMachine::apply`].
+#[derive(Debug, Clone, Copy)]
+pub struct Command<'a> {
+    /// The command's place in the group's log.
+    pub index: Index,
+    /// The term of the leader that proposed it.
+    pub term: Term,
+    /// The bytes given to [`crate::GroupHandle::propose`].
+    pub data: &'a [u8],
+}
+
+/// A replicated state machine: the part of a Raft group an embedder writes.
+///
+/// # What must be deterministic
+///
+/// [`apply`](Self::apply) must be a function of the machine's state and the
+/// command alone: the same commands applied in the same order give the same
+/// state and the same responses on every member, on every run. It must not
+/// read the clock, random numbers, the environment or anything outside the
+/// machine (put such values into the command when proposing it). It must not
+/// panic on any command: a command that cannot be carried out gets an error
+/// *response*, the same on every member. A committed command is applied on
+/// every member and again after every restart from an older snapshot, so a
+/// panic there would take every member down, for good.
+///
+/// [`query`](Self::query), [`snapshot`](Self::snapshot) and the methods that
+/// report indexes only read, and need not be deterministic.
+pub trait StateMachine: Send + 'static {
+    /// What applying a command answers, given to the proposer.
+    type Response: Send + 'static;
+    /// A question about the applied state.
+    type Query: Send + 'static;
+    /// The answer to a query.
+    type QueryResponse: Send + 'static;
+
+    /// Applies one committed command. Called once per committed command,
+    /// in log order, on every member (see the trait docs for what must be
+    /// deterministic).
+    fn apply(&mut self, command: Command<'_>) -> Self::Response;
+
+    /// Answers a query against the applied state. The runtime calls it
+    /// after the consistency the caller asked for is met.
+    fn query(&self, query: Self::Query) -> Self::QueryResponse;
+
+    /// A consistent view of the state as of the last applied command, to be
+    /// written out off the hot path. Taking the view must be cheap (shared
+    /// pointers to immutable data, a storage engine's snapshot); writing it
+    /// out runs on a blocking thread while the group goes on applying.
+    fn snapshot(&self) -> Box<dyn SnapshotSource>;
+
+    /// Replaces the state with the one a snapshot holds (written by
+    /// [`SnapshotSource::write_to`] on this or another member). The snapshot
+    /// was checksummed in transit and at rest; an error here means the
+    /// bytes do not decode as this machine's state, and the runtime refuses
+    /// the snapshot (the leader sends it again). On an error the state must
+    /// be left as it was (decode first, then replace).
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
+}
+
+/// A consistent view of a machine's state, written out on a blocking
+/// thread.
+pub trait SnapshotSource: Send + 'static {
+    /// Writes the whole state to `out`, in pieces of any size. Returns the
+    /// bytes written.
+    fn write_to(&mut self, out: &mut dyn io::Write) -> io::Result<u64>;
+}
+
+/// Why a snapshot's bytes do not restore.
+#[derive(Debug, thiserror::Error)]
+#[error("the snapshot does not restore: {reason}")]
+pub struct RestoreError {
+    /// In words.
+    pub reason: String,
+}
+
+impl RestoreError {
+    /// A restore error saying `reason`.
+    pub fn new(reason: impl Into<String>) -> RestoreError {
+        RestoreError {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A [`SnapshotSource`] over bytes already in memory (for small machines
+/// whose state is cheapest to encode at once).
+#[derive(Debug)]
+pub struct BytesSnapshot(pub bytes::Bytes);
+
+impl SnapshotSource for BytesSnapshot {
+    fn write_to(&mut self, out: &mut dyn io::Write) -> io::Result<u64> {
+        out.write_all(&self.0)?;
+        Ok(self.0.len() as u64)
+    }
+}

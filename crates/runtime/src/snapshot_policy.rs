@@ -1,0 +1,60 @@
+//! When the runtime snapshots an in-memory machine.
+//!
+//! A snapshot costs a pass over the whole state, so taking one every N
+//! entries makes the cost per write grow with the state's size: a large
+//! state with small writes would spend most of its time snapshotting. The
+//! policy here snapshots when the log written since the last snapshot holds
+//! at least as many bytes as that snapshot did (with a floor, so that a
+//! small state is not snapshotted after every write). Each snapshot's cost
+//! is then paid for by at least as many bytes of log, and the log's size on
+//! disk stays within about twice the state's.
+
+/// When to snapshot an in-memory machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// Never snapshot before the log since the last snapshot holds this
+    /// many bytes of commands.
+    pub log_bytes_min: u64,
+    /// Snapshot once the log since the last snapshot holds at least this
+    /// many times the last snapshot's size, in percent (100: as many bytes
+    /// as the snapshot).
+    pub log_to_snapshot_percent: u64,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        SnapshotPolicy {
+            log_bytes_min: 4 << 20,
+            log_to_snapshot_percent: 100,
+        }
+    }
+}
+
+impl SnapshotPolicy {
+    /// Whether a snapshot is due, with `log_bytes` of commands applied since
+    /// the last one, which was `snapshot_bytes` large (0 if none yet).
+    pub fn due(&self, log_bytes: u64, snapshot_bytes: u64) -> bool {
+        let proportional = snapshot_bytes.saturating_mul(self.log_to_snapshot_percent) / 100;
+        log_bytes >= self.log_bytes_min.max(proportional)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SnapshotPolicy;
+
+    #[test]
+    fn a_snapshot_waits_for_the_floor_then_for_as_many_bytes_as_the_last() {
+        let policy = SnapshotPolicy {
+            log_bytes_min: 1000,
+            log_to_snapshot_percent: 100,
+        };
+        assert!(!policy.due(999, 0));
+        assert!(policy.due(1000, 0));
+        // A large state: the log must grow as large before the next one.
+        assert!(!policy.due(1_000_000, 5_000_000));
+        assert!(policy.due(5_000_000, 5_000_000));
+        // No overflow at the limits.
+        assert!(policy.due(u64::MAX, u64::MAX));
+    }
+}

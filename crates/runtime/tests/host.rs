@@ -1,0 +1,338 @@
+//! Three node hosts in one process over loopback, running many groups of a
+//! small machine: proposals through any member, linearizable queries, a
+//! host that stops and the groups it led, a host that restarts from its
+//! data directory, and a member that joins late and catches up from a
+//! snapshot.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ferry_runtime::{
+    BytesSnapshot, Command, GroupError, GroupHandle, HostConfig, Membership, NodeHost,
+    ReadConsistency, RestoreError, SnapshotPolicy, SnapshotSource, StateMachine,
+};
+
+/// A log of the commands applied, as text: every member must hold the same.
+#[derive(Default)]
+struct Journal {
+    lines: Vec<String>,
+}
+
+impl StateMachine for Journal {
+    type Response = usize;
+    type Query = ();
+    type QueryResponse = Vec<String>;
+
+    fn apply(&mut self, command: Command<'_>) -> usize {
+        self.lines
+            .push(String::from_utf8_lossy(command.data).into_owned());
+        self.lines.len()
+    }
+
+    fn query(&self, (): ()) -> Vec<String> {
+        self.lines.clone()
+    }
+
+    fn snapshot(&self) -> Box<dyn SnapshotSource> {
+        Box::new(BytesSnapshot(self.lines.join("\n").into_bytes().into()))
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
+        self.lines = if text.is_empty() {
+            Vec::new()
+        } else {
+            text.split('\n').map(str::to_owned).collect()
+        };
+        Ok(())
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    dir: PathBuf,
+    ports: BTreeMap<u64, u16>,
+    hosts: BTreeMap<u64, NodeHost>,
+}
+
+impl Cluster {
+    fn new(name: &str, nodes: u64) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("ferry-runtime-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Cluster {
+            dir,
+            ports: (1..=nodes).map(|id| (id, free_port())).collect(),
+            hosts: BTreeMap::new(),
+        }
+    }
+
+    fn config(&self, id: u64) -> HostConfig {
+        let mut config = HostConfig::new(
+            id,
+            self.dir.join(format!("node-{id}")),
+            format!("127.0.0.1:{}", self.ports[&id]).parse().unwrap(),
+        );
+        for (peer, port) in &self.ports {
+            if *peer != id {
+                config.peers.insert(*peer, format!("127.0.0.1:{port}"));
+            }
+        }
+        config.workers = 2;
+        // Small snapshots often, so that the tests see them.
+        config.snapshot_policy = SnapshotPolicy {
+            log_bytes_min: 2000,
+            log_to_snapshot_percent: 100,
+        };
+        config.engine.compaction_lag_entries = 5;
+        config
+    }
+
+    async fn start(&mut self, id: u64) -> &NodeHost {
+        let host = NodeHost::start(self.config(id)).await.unwrap();
+        self.hosts.insert(id, host);
+        &self.hosts[&id]
+    }
+
+    async fn stop(&mut self, id: u64) {
+        if let Some(host) = self.hosts.remove(&id) {
+            host.shutdown().await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Proposes `data` through `handle` until it is accepted (no leader yet
+/// and forwarding races are retried), within 20 s.
+async fn propose(handle: &GroupHandle<Journal>, data: String) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match handle.propose(data.clone().into_bytes()).await {
+            Ok(length) => return length,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "group {}: {data}: {error}",
+                    handle.group()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn read(handle: &GroupHandle<Journal>) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match handle.query((), ReadConsistency::Linearizable).await {
+            Ok(lines) => return lines,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "group {}: read: {error}",
+                    handle.group()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn leader_of(handle: &GroupHandle<Journal>) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(status) = handle.status().await {
+            if let Some(leader) = status.leader {
+                return leader;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {} elects no leader",
+            handle.group()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const GROUPS: u64 = 24;
+
+async fn start_groups(host: &NodeHost, voters: &[u64]) -> BTreeMap<u64, GroupHandle<Journal>> {
+    let mut handles = BTreeMap::new();
+    for group in 1..=GROUPS {
+        let handle = host
+            .start_group(
+                group,
+                Membership::Found(voters.to_vec()),
+                Journal::default(),
+            )
+            .await
+            .unwrap();
+        handles.insert(group, handle);
+    }
+    handles
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_groups_replicate_through_any_member_and_survive_a_host_stopping() {
+    let mut cluster = Cluster::new("many", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=3 {
+        let host = cluster.start(id).await.clone();
+        handles.insert(id, start_groups(&host, &[1, 2, 3]).await);
+    }
+    // Every group takes writes through every member.
+    for group in 1..=GROUPS {
+        for id in 1..=3u64 {
+            propose(&handles[&id][&group], format!("g{group}-n{id}")).await;
+        }
+    }
+    for group in 1..=GROUPS {
+        for id in 1..=3u64 {
+            let lines = read(&handles[&id][&group]).await;
+            assert_eq!(lines.len(), 3, "group {group} on node {id}: {lines:?}");
+        }
+    }
+    // Stop the host that leads group 1: every group it led elects another
+    // leader, and every group goes on through the other two.
+    let stopped = leader_of(&handles[&1][&1]).await;
+    handles.remove(&stopped);
+    cluster.stop(stopped).await;
+    let live: Vec<u64> = handles.keys().copied().collect();
+    for group in 1..=GROUPS {
+        let handle = &handles[&live[0]][&group];
+        propose(handle, format!("g{group}-after")).await;
+        let lines = read(&handles[&live[1]][&group]).await;
+        assert_eq!(lines.len(), 4, "group {group}: {lines:?}");
+        assert_eq!(lines[3], format!("g{group}-after"));
+        assert_ne!(leader_of(handle).await, stopped);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_restarts_from_its_data_and_a_late_member_catches_up_from_a_snapshot() {
+    let mut cluster = Cluster::new("restart", 3);
+    let mut handles = BTreeMap::new();
+    // Nodes 1 and 2 form the groups; node 3 is a founder that starts late.
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        handles.insert(id, start_groups(&host, &[1, 2, 3]).await);
+    }
+    // Enough writes for several snapshots, and a log compacted behind them.
+    let value = "x".repeat(200);
+    for group in 1..=4u64 {
+        for i in 0..40 {
+            propose(&handles[&1][&group], format!("{group}-{i}-{value}")).await;
+        }
+    }
+    let expected: BTreeMap<u64, Vec<String>> = {
+        let mut expected = BTreeMap::new();
+        for group in 1..=4u64 {
+            expected.insert(group, read(&handles[&1][&group]).await);
+        }
+        expected
+    };
+    // Node 3 joins late: it is sent a snapshot and the log after it. It
+    // takes none of its own, so a snapshot file there was received.
+    let mut config = cluster.config(3);
+    config.snapshot_policy.log_bytes_min = u64::MAX;
+    let host3 = NodeHost::start(config).await.unwrap();
+    cluster.hosts.insert(3, host3.clone());
+    let late = start_groups(&host3, &[1, 2, 3]).await;
+    for group in 1..=4u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let lines = late[&group]
+                .query((), ReadConsistency::Local { min_applied: None })
+                .await
+                .unwrap();
+            if lines == expected[&group] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {group} on the late node holds {} of {} lines",
+                lines.len(),
+                expected[&group].len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let received: Vec<String> = std::fs::read_dir(cluster.dir.join("node-3/snapshots"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".snap"))
+        .collect();
+    for group in 1..=4u64 {
+        assert!(
+            received
+                .iter()
+                .any(|name| name.starts_with(&format!("g{group:020}-"))),
+            "group {group} was caught up without a snapshot: {received:?}"
+        );
+    }
+    // Node 1 restarts from its data directory: every group resumes with
+    // its state (snapshot plus log), and takes writes again.
+    handles.remove(&1);
+    cluster.stop(1).await;
+    let host1 = cluster.start(1).await.clone();
+    let mut recovered = host1.recovered_groups();
+    recovered.sort_unstable();
+    assert_eq!(recovered, (1..=GROUPS).collect::<Vec<_>>());
+    let resumed = start_groups(&host1, &[1, 2, 3]).await;
+    for group in 1..=4u64 {
+        let length = propose(&resumed[&group], format!("{group}-after-restart")).await;
+        assert_eq!(length, expected[&group].len() + 1);
+        let lines = read(&resumed[&group]).await;
+        assert_eq!(lines[..expected[&group].len()], expected[&group][..]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_start_stop_and_are_destroyed_at_run_time() {
+    let mut cluster = Cluster::new("lifecycle", 1);
+    let host = cluster.start(1).await.clone();
+    let handle = host
+        .start_group(5, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    propose(&handle, "one".into()).await;
+    assert!(matches!(
+        host.start_group(5, Membership::Found(vec![1]), Journal::default())
+            .await,
+        Err(GroupError::AlreadyRunning { group: 5 })
+    ));
+    host.stop_group(5).await.unwrap();
+    assert!(matches!(
+        handle.propose(b"two".to_vec()).await,
+        Err(GroupError::NotRunning { group: 5 })
+    ));
+    // Started again, it resumes from the log.
+    let handle = host
+        .start_group(5, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    assert_eq!(propose(&handle, "two".into()).await, 2);
+    // Destroyed, it is gone: started again, it is new.
+    host.destroy_group(5).await.unwrap();
+    let handle = host
+        .start_group(5, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    assert_eq!(propose(&handle, "fresh".into()).await, 1);
+    drop(cluster.hosts.remove(&1));
+    host.shutdown().await;
+}
