@@ -54,6 +54,38 @@ pub enum GroupError {
     },
 }
 
+impl GroupError {
+    /// Whether a proposal that failed with this error may still have been
+    /// applied, or may be later: the outcome is unknown, and retrying could
+    /// apply the command twice. Every other error means it was not and
+    /// will not be.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            GroupError::Engine(error) => match error {
+                RequestError::Timeout => true,
+                RequestError::NotLeader { .. }
+                | RequestError::NoLeader
+                | RequestError::Busy { .. }
+                | RequestError::Removed
+                | RequestError::LeadershipLost
+                | RequestError::MembershipChangePending
+                | RequestError::InvalidMembershipChange { .. }
+                | RequestError::LearnerNotCaughtUp { .. }
+                | RequestError::TransferInProgress
+                | RequestError::LeaseReadsDisabled
+                | RequestError::Halted { .. } => false,
+            },
+            // Stopped while it waited: it may have been in the log.
+            GroupError::NotRunning { .. } => true,
+            GroupError::AlreadyRunning { .. }
+            | GroupError::Dropped
+            | GroupError::Start { .. }
+            | GroupError::Storage { .. }
+            | GroupError::WrongMachine { .. } => false,
+        }
+    }
+}
+
 /// Why a host could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {

@@ -3,23 +3,24 @@
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use ferry_raft::{
-    Action, EntryPayload, GroupId, Index, Input, MembershipChange, Message, NodeId, RaftNode,
-    ReadConsistency, Request, RequestError, RequestId, Response, Role, Status, Term,
+    Action, Entry, EntryPayload, GroupId, Index, Input, MembershipChange, Message, NodeId,
+    RaftNode, ReadConsistency, Request, RequestError, RequestId, Response, Role, Status, Term,
 };
 
 use crate::error::GroupError;
 use crate::log_limit::LogLimiter;
 use crate::log_task::LogRequest;
-use crate::machine::{Command, StateMachine};
+use crate::machine::{Command, GroupEvent, StateMachine};
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::transport::codec::encode_message;
-use crate::worker::{Completion, GroupRun, Outbox};
+use crate::view::GroupView;
+use crate::worker::{Completion, GroupRun, Outbox, Workers};
 use crate::Links;
 
 /// Ticks before a local snapshot that failed for lack of descriptors or
@@ -38,6 +39,10 @@ pub(crate) enum Call<M: StateMachine> {
         consistency: ReadConsistency,
         reply: oneshot::Sender<Result<M::QueryResponse, GroupError>>,
     },
+    Barrier {
+        consistency: ReadConsistency,
+        reply: oneshot::Sender<Result<Index, GroupError>>,
+    },
     ChangeMembership {
         change: MembershipChange,
         reply: oneshot::Sender<Result<Index, GroupError>>,
@@ -54,16 +59,20 @@ pub(crate) enum Call<M: StateMachine> {
 /// Where a query's answer goes.
 type QueryReply<M> = oneshot::Sender<Result<<M as StateMachine>::QueryResponse, GroupError>>;
 
-/// Queries by the read index they wait for.
-type PendingReads<M> = BTreeMap<Index, Vec<(<M as StateMachine>::Query, QueryReply<M>)>>;
+/// A read waiting for its read index to be applied.
+enum PendingRead<M: StateMachine> {
+    Query(M::Query, QueryReply<M>),
+    Barrier(oneshot::Sender<Result<Index, GroupError>>),
+}
+
+/// Reads by the read index they wait for.
+type PendingReads<M> = BTreeMap<Index, Vec<PendingRead<M>>>;
 
 /// A request the engine has not answered yet.
 enum Waiter<M: StateMachine> {
     Propose(oneshot::Sender<Result<M::Response, GroupError>>),
-    Query(
-        M::Query,
-        oneshot::Sender<Result<M::QueryResponse, GroupError>>,
-    ),
+    Query(M::Query, QueryReply<M>),
+    Barrier(oneshot::Sender<Result<Index, GroupError>>),
     Membership(oneshot::Sender<Result<Index, GroupError>>),
     Transfer(oneshot::Sender<Result<(), GroupError>>),
     Status(oneshot::Sender<Result<Status, GroupError>>),
@@ -80,6 +89,7 @@ impl<M: StateMachine> Waiter<M> {
         match self {
             Waiter::Propose(reply) => drop(reply.send(Err(error))),
             Waiter::Query(_, reply) => drop(reply.send(Err(error))),
+            Waiter::Barrier(reply) => drop(reply.send(Err(error))),
             Waiter::Membership(reply) => drop(reply.send(Err(error))),
             Waiter::Transfer(reply) => drop(reply.send(Err(error))),
             Waiter::Status(reply) => drop(reply.send(Err(error))),
@@ -121,8 +131,19 @@ struct Receiving {
 pub(crate) struct Group<M: StateMachine> {
     id: GroupId,
     node: RaftNode,
-    machine: M,
+    /// The machine; away on a blocking thread while it restores from a
+    /// snapshot.
+    machine: Option<M>,
+    /// Entries committed while the machine was away, applied on its
+    /// return.
+    deferred: Vec<Entry>,
+    /// Events that happened while the machine was away.
+    deferred_events: Vec<GroupEvent>,
+    /// A restored snapshot is being installed: applies wait for it.
+    installing: bool,
     links: Arc<Links>,
+    workers: Workers,
+    view: Arc<Mutex<GroupView>>,
     policy: SnapshotPolicy,
     actions: Vec<Action>,
     next_request: u64,
@@ -135,17 +156,21 @@ pub(crate) struct Group<M: StateMachine> {
     receiving: Option<Receiving>,
     ticks: u64,
     role: Role,
+    halted: bool,
     fault_warnings: LogLimiter,
 }
 
 impl<M: StateMachine> Group<M> {
     /// A group around an engine recovered (or bootstrapped) at `applied`
     /// with the machine restored to the snapshot at `snapshot_index`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: GroupId,
         node: RaftNode,
         machine: M,
         links: Arc<Links>,
+        workers: Workers,
+        view: Arc<Mutex<GroupView>>,
         policy: SnapshotPolicy,
         snapshot: (Index, u64),
     ) -> Group<M> {
@@ -153,8 +178,13 @@ impl<M: StateMachine> Group<M> {
             id,
             applied: node.applied_index(),
             node,
-            machine,
+            machine: Some(machine),
+            deferred: Vec::new(),
+            deferred_events: Vec::new(),
+            installing: false,
             links,
+            workers,
+            view,
             policy,
             actions: Vec::new(),
             next_request: 1,
@@ -169,7 +199,46 @@ impl<M: StateMachine> Group<M> {
             receiving: None,
             ticks: 0,
             role: Role::Follower,
+            halted: false,
             fault_warnings: LogLimiter::for_remote_input(),
+        }
+    }
+
+    /// Publishes what handles read without a call, and tells the machine
+    /// of a new configuration.
+    fn publish(&mut self) {
+        let config_changed = {
+            let mut view = self
+                .view
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            view.role = self.role;
+            view.term = self.node.term();
+            view.leader = self.node.leader();
+            view.last_index = self.node.last_index();
+            view.commit = self.node.commit_index();
+            view.applied = self.applied;
+            view.receiving_snapshot = self.node.is_receiving_snapshot();
+            view.removed = self.node.is_removed();
+            if view.halted.is_none() {
+                view.halted = self.node.halted().map(ToString::to_string);
+            }
+            let changed = view.config != *self.node.config();
+            if changed {
+                view.config = self.node.config().clone();
+            }
+            changed
+        };
+        if config_changed {
+            self.event(GroupEvent::ConfigChanged(self.node.config().clone()));
+        }
+    }
+
+    /// Tells the machine of an event (later, if it is away).
+    fn event(&mut self, event: GroupEvent) {
+        match self.machine.as_mut() {
+            Some(machine) => machine.on_event(&event),
+            None => self.deferred_events.push(event),
         }
     }
 
@@ -181,6 +250,7 @@ impl<M: StateMachine> Group<M> {
             self.act(action, out);
         }
         self.actions = actions;
+        self.publish();
     }
 
     fn request(&mut self, request: Request, waiter: Waiter<M>, out: &mut Outbox) {
@@ -200,6 +270,10 @@ impl<M: StateMachine> Group<M> {
                 self.links.send(message.to, encode_message(&message));
             }
             Action::Apply(entries) => {
+                if self.machine.is_none() || self.installing {
+                    self.deferred.extend(entries);
+                    return;
+                }
                 for entry in entries {
                     self.apply(entry.index, entry.term, &entry.payload);
                 }
@@ -247,15 +321,25 @@ impl<M: StateMachine> Group<M> {
                 through,
             }),
             Action::RoleChanged { role, term, leader } => {
-                tracing::debug!(group = self.id, ?role, term, ?leader, "role changed");
+                tracing::debug!(group = self.id, ?role, term, leader, "role changed");
                 self.role = role;
+                self.event(GroupEvent::RoleChanged { role, term, leader });
             }
             Action::Removed => {
                 tracing::info!(group = self.id, "this node was removed from the group");
+                self.event(GroupEvent::Removed);
             }
             Action::Fault(fault) => {
                 if let Some(suppressed) = self.fault_warnings.allow() {
                     tracing::warn!(group = self.id, suppressed, "{fault}");
+                }
+                if !self.halted {
+                    if let Some(halt) = self.node.halted() {
+                        self.halted = true;
+                        let text = halt.to_string();
+                        tracing::error!(group = self.id, "this node halted the group: {text}");
+                        self.event(GroupEvent::Halted(text));
+                    }
                 }
             }
         }
@@ -283,7 +367,17 @@ impl<M: StateMachine> Group<M> {
             EntryPayload::Command(data) => {
                 self.snapshots.log_bytes =
                     self.snapshots.log_bytes.saturating_add(data.len() as u64);
-                let response = self.machine.apply(Command { index, term, data });
+                let Some(machine) = self.machine.as_mut() else {
+                    debug_assert!(false, "applies wait while the machine is away");
+                    return;
+                };
+                let answered = matches!(waiter, Some(Applying::Propose(_)));
+                let response = machine.apply(Command {
+                    index,
+                    term,
+                    data,
+                    answered,
+                });
                 match waiter {
                     Some(Applying::Propose(reply)) => drop(reply.send(Ok(response))),
                     Some(Applying::Membership(reply)) => drop(reply.send(Err(GroupError::Dropped))),
@@ -313,11 +407,18 @@ impl<M: StateMachine> Group<M> {
                     .insert(index, (term, Applying::Membership(reply)));
             }
             (Waiter::Query(query, reply), Ok(Response::ReadReady { index })) => {
-                if index <= self.applied {
-                    let _ = reply.send(Ok(self.machine.query(query)));
-                } else {
-                    self.reads.entry(index).or_default().push((query, reply));
-                }
+                self.reads
+                    .entry(index)
+                    .or_default()
+                    .push(PendingRead::Query(query, reply));
+                self.answer_reads();
+            }
+            (Waiter::Barrier(reply), Ok(Response::ReadReady { index })) => {
+                self.reads
+                    .entry(index)
+                    .or_default()
+                    .push(PendingRead::Barrier(reply));
+                self.answer_reads();
             }
             (Waiter::Transfer(reply), Ok(Response::TransferStarted)) => {
                 let _ = reply.send(Ok(()));
@@ -333,22 +434,63 @@ impl<M: StateMachine> Group<M> {
         }
     }
 
-    /// Answers the queries whose read index is now applied.
+    /// Answers the reads whose read index is now applied (unless the
+    /// machine is away: then on its return).
     fn answer_reads(&mut self) {
+        let Some(machine) = self.machine.as_ref() else {
+            return;
+        };
         while let Some(entry) = self.reads.first_entry() {
             if *entry.key() > self.applied {
                 break;
             }
-            for (query, reply) in entry.remove() {
-                let _ = reply.send(Ok(self.machine.query(query)));
+            for read in entry.remove() {
+                match read {
+                    PendingRead::Query(query, reply) => drop(reply.send(Ok(machine.query(query)))),
+                    PendingRead::Barrier(reply) => drop(reply.send(Ok(self.applied))),
+                }
             }
         }
+    }
+
+    /// Refuses a received snapshot: the leader starts the transfer over.
+    fn refuse_snapshot(&mut self, index: Index, offset: u64, reason: &str, out: &mut Outbox) {
+        tracing::warn!(group = self.id, index, %reason, "a snapshot from the leader does not restore; the leader starts over");
+        out.log.push(LogRequest::AbandonReceived { group: self.id });
+        self.step(
+            Input::SnapshotChunkSaved {
+                snapshot_index: index,
+                offset,
+                ok: false,
+            },
+            out,
+        );
+    }
+
+    /// The machine is back from a restore: what waited for it goes on.
+    fn machine_returned(&mut self, out: &mut Outbox) {
+        if let Some(machine) = self.machine.as_mut() {
+            for event in self.deferred_events.drain(..) {
+                machine.on_event(&event);
+            }
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        for entry in deferred {
+            if entry.index > self.applied {
+                self.apply(entry.index, entry.term, &entry.payload);
+            }
+        }
+        self.answer_reads();
+        self.maybe_snapshot(out);
     }
 
     /// Takes a snapshot when the policy says one is due. Taking the view is
     /// cheap; writing it runs on a blocking thread of the log task.
     fn maybe_snapshot(&mut self, out: &mut Outbox) {
         let s = &self.snapshots;
+        let Some(machine) = self.machine.as_ref() else {
+            return;
+        };
         if s.building.is_some()
             || self.applied <= s.index
             || self.ticks < s.retry_at_tick
@@ -369,7 +511,7 @@ impl<M: StateMachine> Group<M> {
         out.log.push(LogRequest::TakeSnapshot {
             group: self.id,
             meta,
-            source: self.machine.snapshot(),
+            source: machine.snapshot(),
         });
     }
 }
@@ -403,6 +545,9 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 consistency,
                 reply,
             } => self.request(Request::Read(consistency), Waiter::Query(query, reply), out),
+            Call::Barrier { consistency, reply } => {
+                self.request(Request::Read(consistency), Waiter::Barrier(reply), out)
+            }
             Call::ChangeMembership { change, reply } => self.request(
                 Request::ChangeMembership(change),
                 Waiter::Membership(reply),
@@ -467,36 +612,64 @@ impl<M: StateMachine> GroupRun for Group<M> {
                     return;
                 }
                 // The whole snapshot is on disk: restore the machine from
-                // it, then install it (which resets the log).
-                let restored = match self.receiving.take().filter(|r| r.index == index) {
-                    Some(receiving) => {
-                        let bytes = receiving.chunks.concat();
-                        self.machine
-                            .restore(&bytes)
-                            .map(|()| bytes.len() as u64)
-                            .map_err(|e| e.to_string())
+                // it on a blocking thread, then install it (which resets
+                // the log).
+                let chunks = self.receiving.take().filter(|r| r.index == index);
+                match (chunks, self.machine.take()) {
+                    (Some(receiving), Some(mut machine)) => {
+                        let workers = self.workers.clone();
+                        let group = self.id;
+                        tokio::task::spawn_blocking(move || {
+                            let bytes = receiving.chunks.concat();
+                            let outcome = machine
+                                .restore(&bytes)
+                                .map(|()| bytes.len() as u64)
+                                .map_err(|e| e.to_string());
+                            workers.complete(
+                                group,
+                                Completion::Restored {
+                                    machine: Box::new(machine),
+                                    outcome,
+                                    index,
+                                    offset,
+                                },
+                            );
+                        });
                     }
-                    None => Err("its chunks were not kept".to_string()),
+                    (chunks, machine) => {
+                        self.machine = self.machine.take().or(machine);
+                        let reason = if chunks.is_none() {
+                            "its chunks were not kept"
+                        } else {
+                            "another restore is in flight"
+                        };
+                        self.refuse_snapshot(index, offset, reason, out);
+                    }
+                }
+            }
+            Completion::Restored {
+                machine,
+                outcome,
+                index,
+                offset,
+            } => {
+                let Ok(machine) = machine.downcast::<M>() else {
+                    debug_assert!(false, "a restored machine of another type");
+                    return;
                 };
-                match restored {
+                self.machine = Some(*machine);
+                match outcome {
                     Ok(bytes) => {
                         self.snapshots.bytes = bytes;
+                        self.installing = true;
                         out.log.push(LogRequest::InstallReceived {
                             group: self.id,
                             offset,
                         });
                     }
                     Err(reason) => {
-                        tracing::warn!(group = self.id, index, %reason, "a snapshot from the leader does not restore; the leader starts over");
-                        out.log.push(LogRequest::AbandonReceived { group: self.id });
-                        self.step(
-                            Input::SnapshotChunkSaved {
-                                snapshot_index: index,
-                                offset,
-                                ok: false,
-                            },
-                            out,
-                        );
+                        self.machine_returned(out);
+                        self.refuse_snapshot(index, offset, &reason, out);
                     }
                 }
             }
@@ -513,6 +686,10 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 self.snapshots.index = index;
                 self.snapshots.log_bytes = 0;
                 self.snapshots.building = None;
+                // Entries deferred while the machine was away that the
+                // snapshot covers are in it.
+                self.deferred.retain(|entry| entry.index > index);
+                self.installing = false;
                 self.step(
                     Input::SnapshotChunkSaved {
                         snapshot_index: index,
@@ -521,7 +698,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
                     },
                     out,
                 );
-                self.answer_reads();
+                self.machine_returned(out);
             }
             Completion::SnapshotTaken { index, bytes } => {
                 let at_start = match self.snapshots.building.take() {
@@ -547,6 +724,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
     }
 
     fn stop(&mut self) {
+        self.deferred.clear();
         for (_, waiter) in std::mem::take(&mut self.waiting) {
             waiter.fail(GroupError::NotRunning { group: self.id });
         }
@@ -554,8 +732,12 @@ impl<M: StateMachine> GroupRun for Group<M> {
             waiter.fail(GroupError::NotRunning { group: self.id });
         }
         for (_, reads) in std::mem::take(&mut self.reads) {
-            for (_, reply) in reads {
-                let _ = reply.send(Err(GroupError::NotRunning { group: self.id }));
+            for read in reads {
+                let error = GroupError::NotRunning { group: self.id };
+                match read {
+                    PendingRead::Query(_, reply) => drop(reply.send(Err(error))),
+                    PendingRead::Barrier(reply) => drop(reply.send(Err(error))),
+                }
             }
         }
     }

@@ -25,6 +25,7 @@ use crate::machine::StateMachine;
 use crate::member_id::Hex;
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::transport::{decode_message, Transport, TransportConfig, TransportEvent};
+use crate::view::GroupView;
 use crate::worker::{self, WorkerInput, Workers};
 
 /// The most storage requests queued for the log before workers wait.
@@ -61,8 +62,9 @@ pub struct HostConfig {
 }
 
 impl HostConfig {
-    /// A host with ferry's defaults: 10 ms ticks, an election timeout of
-    /// 10 to 20 ticks, one worker per core.
+    /// A host with ferry's defaults (etcd's): 100 ms ticks, an election
+    /// timeout of 10 to 20 ticks (1 to 2 s), a heartbeat every tick, one
+    /// worker per core.
     pub fn new(node_id: NodeId, data_dir: impl Into<PathBuf>, peer_listen: SocketAddr) -> Self {
         HostConfig {
             node_id,
@@ -70,7 +72,7 @@ impl HostConfig {
             data_dir: data_dir.into(),
             peer_listen,
             peers: BTreeMap::new(),
-            tick_interval: Duration::from_millis(10),
+            tick_interval: Duration::from_millis(100),
             engine: Options::new(node_id, 0),
             snapshot_policy: SnapshotPolicy::default(),
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -114,6 +116,7 @@ struct HostInner {
     log: mpsc::Sender<LogRequest>,
     links: Arc<Links>,
     peer_addr: SocketAddr,
+    counters: Arc<log_task::LogCounters>,
     /// Groups found on disk at start and not started since.
     recovered: Mutex<BTreeMap<GroupId, GroupRecovery>>,
     shutdown: watch::Sender<bool>,
@@ -147,8 +150,10 @@ impl NodeHost {
         let (workers, mut tasks) =
             worker::spawn(config.workers, config.tick_interval, log_tx.clone());
         let log_workers = workers.clone();
+        let counters = Arc::new(log_task::LogCounters::default());
+        let log_counters = counters.clone();
         let log_task = tokio::spawn(async move {
-            let outcome = log_task::run(storage, log_rx, log_workers).await;
+            let outcome = log_task::run(storage, log_rx, log_workers, log_counters).await;
             if let Err(error) = &outcome {
                 tracing::error!(%error, "the log stopped; every group on this node stops");
             }
@@ -177,6 +182,7 @@ impl NodeHost {
                     transport: RwLock::new(transport),
                 }),
                 peer_addr,
+                counters,
                 recovered: Mutex::new(report.groups),
                 shutdown,
                 tasks: Mutex::new(tasks),
@@ -188,6 +194,11 @@ impl NodeHost {
     /// Where peer nodes connect to this one.
     pub fn peer_addr(&self) -> SocketAddr {
         self.inner.peer_addr
+    }
+
+    /// What the shared log has done since the host started.
+    pub fn log_counters(&self) -> &log_task::LogCounters {
+        &self.inner.counters
     }
 
     /// This node's id.
@@ -286,11 +297,14 @@ impl NodeHost {
             group,
             reason: error.to_string(),
         })?;
+        let view = Arc::new(Mutex::new(GroupView::default()));
         let runner = Group::new(
             group,
             node,
             machine,
             self.inner.links.clone(),
+            self.inner.workers.clone(),
+            view.clone(),
             self.inner.config.snapshot_policy,
             (snapshot_index, snapshot_bytes),
         );
@@ -317,6 +331,7 @@ impl NodeHost {
         Ok(GroupHandle {
             group,
             workers: self.inner.workers.clone(),
+            view,
             machine: PhantomData,
         })
     }
@@ -448,6 +463,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct GroupHandle<M: StateMachine> {
     group: GroupId,
     workers: Workers,
+    view: Arc<Mutex<GroupView>>,
     machine: PhantomData<fn() -> M>,
 }
 
@@ -456,6 +472,7 @@ impl<M: StateMachine> Clone for GroupHandle<M> {
         GroupHandle {
             group: self.group,
             workers: self.workers.clone(),
+            view: self.view.clone(),
             machine: PhantomData,
         }
     }
@@ -491,6 +508,34 @@ impl<M: StateMachine> GroupHandle<M> {
             reply,
         })
         .await
+    }
+
+    /// Waits until this node's machine has applied everything the
+    /// consistency asks for, and returns the index applied: for an embedder
+    /// that reads the machine's state itself (shared with its own threads)
+    /// rather than through [`GroupHandle::query`].
+    pub async fn read_barrier(&self, consistency: ReadConsistency) -> Result<Index, GroupError> {
+        self.call(|reply| Call::Barrier { consistency, reply })
+            .await
+    }
+
+    /// The group's state on this node as of its last step, without a call
+    /// to its worker.
+    pub fn view(&self) -> GroupView {
+        self.view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Reads a field of the group's view without copying all of it.
+    pub fn view_with<T>(&self, read: impl FnOnce(&GroupView) -> T) -> T {
+        read(
+            &self
+                .view
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
     }
 
     /// Adds or removes a member, or promotes a learner; waits until the new

@@ -118,6 +118,7 @@
 //!
 //! - [`machine`]: the state-machine contract.
 //! - [`host`]: the node host and group handles.
+//! - [`view`]: a group's state on this node, readable without a call.
 //! - [`snapshot_policy`]: when in-memory machines are snapshotted.
 //! - [`transport`]: the links between nodes and the wire form of engine
 //!   messages.
@@ -137,6 +138,7 @@ pub mod machine;
 pub mod member_id;
 pub mod snapshot_policy;
 pub mod transport;
+pub mod view;
 mod worker;
 
 pub use bytes;
@@ -145,6 +147,7 @@ pub use ferry_raft;
 pub use ferry_raft::{GroupId, Index, MembershipChange, NodeId, ReadConsistency, Status, Term};
 pub(crate) use host::Links;
 pub use host::{GroupHandle, HostConfig, Membership, NodeHost};
-pub use log_task::LogFailed;
-pub use machine::{BytesSnapshot, Command, RestoreError, SnapshotSource, StateMachine};
+pub use log_task::{LogCounters, LogFailed};
+pub use machine::{BytesSnapshot, Command, GroupEvent, RestoreError, SnapshotSource, StateMachine};
 pub use snapshot_policy::SnapshotPolicy;
+pub use view::GroupView;

@@ -14,6 +14,8 @@
 //! request).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -170,11 +172,23 @@ struct Receiving {
 #[error("storage failed: {0}; the node cannot go on without losing durability")]
 pub struct LogFailed(#[from] pub StorageError);
 
+/// Counters of what the log did, for figures and status.
+#[derive(Debug, Default)]
+pub struct LogCounters {
+    /// Syncs completed.
+    pub syncs: AtomicU64,
+    /// Persist requests appended (one per group step that wrote).
+    pub appends: AtomicU64,
+    /// Entries appended.
+    pub entries: AtomicU64,
+}
+
 /// Runs the log until every sender is gone, or the storage fails.
 pub(crate) async fn run(
     mut storage: Storage<FsDisk>,
     mut requests: mpsc::Receiver<LogRequest>,
     workers: Workers,
+    counters: Arc<LogCounters>,
 ) -> Result<(), LogFailed> {
     let (finished_tx, mut finished) = mpsc::unbounded_channel::<Finished>();
     let mut sync_in_flight = false;
@@ -213,6 +227,7 @@ pub(crate) async fn run(
                 Finished::Synced(pending, outcome) => {
                     sync_in_flight = false;
                     let seqs = storage.wal.complete_sync(pending, outcome)?;
+                    counters.syncs.fetch_add(1, Ordering::Relaxed);
                     for (group, seq) in seqs {
                         workers.complete(group, Completion::Persisted { seq });
                     }
@@ -253,14 +268,20 @@ pub(crate) async fn run(
             },
             request = requests.recv(), if requests_open => match request {
                 None => requests_open = false,
-                Some(request) => handle(
+                Some(request) => {
+                    if let LogRequest::Append { request, .. } = &request {
+                        counters.appends.fetch_add(1, Ordering::Relaxed);
+                        counters.entries.fetch_add(request.entries.len() as u64, Ordering::Relaxed);
+                    }
+                    handle(
                     &mut storage,
                     request,
                     &workers,
                     &finished_tx,
                     &mut receiving,
                     &mut waiting,
-                )?,
+                    )?
+                }
             },
         }
     }

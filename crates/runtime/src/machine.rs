@@ -19,6 +19,36 @@ pub struct Command<'a> {
     pub term: Term,
     /// The bytes given to [`crate::GroupHandle::propose`].
     pub data: &'a [u8],
+    /// Whether a caller on this node waits for the response. On every other
+    /// member (and when the log is applied again after a restart) the
+    /// response is thrown away, so a machine may skip building an expensive
+    /// one (read results, say). It must not change what the command does to
+    /// the state.
+    pub answered: bool,
+}
+
+/// Something that happened to a group on this node, for
+/// [`StateMachine::on_event`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupEvent {
+    /// This node's role in the group changed, or it learned of a new
+    /// leader.
+    RoleChanged {
+        /// The new role.
+        role: ferry_raft::Role,
+        /// The term.
+        term: Term,
+        /// The leader it knows of.
+        leader: Option<ferry_raft::NodeId>,
+    },
+    /// The group's configuration (its voters and learners) changed.
+    ConfigChanged(ferry_raft::Configuration),
+    /// This node was removed from the group: it serves no more requests.
+    Removed,
+    /// This node halted the group on a detected fault (its log contradicts
+    /// a committed entry, say): it serves no more requests until it is
+    /// repaired. The text names the fault.
+    Halted(String),
 }
 
 /// A replicated state machine: the part of a Raft group an embedder writes.
@@ -60,12 +90,22 @@ pub trait StateMachine: Send + 'static {
     /// out runs on a blocking thread while the group goes on applying.
     fn snapshot(&self) -> Box<dyn SnapshotSource>;
 
+    /// Called on the group's worker when something happens to the group on
+    /// this node (see [`GroupEvent`]). Not part of the replicated state:
+    /// members see events at different times, so nothing here may change
+    /// what [`apply`](Self::apply) does. Does nothing unless overridden.
+    fn on_event(&mut self, event: &GroupEvent) {
+        let _ = event;
+    }
+
     /// Replaces the state with the one a snapshot holds (written by
     /// [`SnapshotSource::write_to`] on this or another member). The snapshot
     /// was checksummed in transit and at rest; an error here means the
     /// bytes do not decode as this machine's state, and the runtime refuses
     /// the snapshot (the leader sends it again). On an error the state must
-    /// be left as it was (decode first, then replace).
+    /// be left as it was (decode first, then replace). Runs on a blocking
+    /// thread (decoding a large state takes a while); the group applies
+    /// nothing and answers no query meanwhile.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
 }
 

@@ -57,7 +57,6 @@ pub(crate) enum WorkerInput {
 }
 
 /// The answer to something a group asked of the storage.
-#[derive(Debug)]
 pub(crate) enum Completion {
     /// The group's writes through `seq` are durable.
     Persisted { seq: u64 },
@@ -77,6 +76,15 @@ pub(crate) enum Completion {
         offset: u64,
         ok: bool,
         last: bool,
+    },
+    /// A group's machine is back from restoring a received snapshot on a
+    /// blocking thread (a `M` boxed), with the snapshot's size or why it
+    /// did not restore.
+    Restored {
+        machine: Box<dyn Any + Send>,
+        outcome: Result<u64, String>,
+        index: Index,
+        offset: u64,
     },
     /// The received snapshot is installed, durably.
     Installed { index: Index, offset: u64 },
