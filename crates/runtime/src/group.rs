@@ -115,8 +115,11 @@ struct Snapshots {
     bytes: u64,
     /// Bytes of commands applied since it was taken.
     log_bytes: u64,
-    /// The snapshot being written, and `log_bytes` when it was started.
-    building: Option<(Index, u64)>,
+    /// Commands applied since it was taken.
+    log_entries: u64,
+    /// The snapshot being written, and `log_bytes` and `log_entries` when
+    /// it was started.
+    building: Option<(Index, u64, u64)>,
     /// No snapshot is tried before this tick (after one failed).
     retry_at_tick: u64,
 }
@@ -327,6 +330,8 @@ impl<M: StateMachine> Group<M> {
             }
             Action::Removed => {
                 tracing::info!(group = self.id, "this node was removed from the group");
+                // Published first: whoever the event wakes sees it.
+                self.publish();
                 self.event(GroupEvent::Removed);
             }
             Action::Fault(fault) => {
@@ -338,6 +343,7 @@ impl<M: StateMachine> Group<M> {
                         self.halted = true;
                         let text = halt.to_string();
                         tracing::error!(group = self.id, "this node halted the group: {text}");
+                        self.publish();
                         self.event(GroupEvent::Halted(text));
                     }
                 }
@@ -367,6 +373,7 @@ impl<M: StateMachine> Group<M> {
             EntryPayload::Command(data) => {
                 self.snapshots.log_bytes =
                     self.snapshots.log_bytes.saturating_add(data.len() as u64);
+                self.snapshots.log_entries = self.snapshots.log_entries.saturating_add(1);
                 let Some(machine) = self.machine.as_mut() else {
                     debug_assert!(false, "applies wait while the machine is away");
                     return;
@@ -494,7 +501,7 @@ impl<M: StateMachine> Group<M> {
         if s.building.is_some()
             || self.applied <= s.index
             || self.ticks < s.retry_at_tick
-            || !self.policy.due(s.log_bytes, s.bytes)
+            || !self.policy.due(s.log_entries, s.log_bytes, s.bytes)
         {
             return;
         }
@@ -507,7 +514,8 @@ impl<M: StateMachine> Group<M> {
             term,
             config: self.node.config().clone(),
         };
-        self.snapshots.building = Some((index, self.snapshots.log_bytes));
+        self.snapshots.building =
+            Some((index, self.snapshots.log_bytes, self.snapshots.log_entries));
         out.log.push(LogRequest::TakeSnapshot {
             group: self.id,
             meta,
@@ -682,9 +690,16 @@ impl<M: StateMachine> GroupRun for Group<M> {
                     }
                     entry.remove().1.fail(GroupError::Dropped);
                 }
+                tracing::info!(
+                    group = self.id,
+                    index,
+                    bytes = self.snapshots.bytes,
+                    "installed a snapshot from the leader"
+                );
                 self.applied = index;
                 self.snapshots.index = index;
                 self.snapshots.log_bytes = 0;
+                self.snapshots.log_entries = 0;
                 self.snapshots.building = None;
                 // Entries deferred while the machine was away that the
                 // snapshot covers are in it.
@@ -701,9 +716,9 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 self.machine_returned(out);
             }
             Completion::SnapshotTaken { index, bytes } => {
-                let at_start = match self.snapshots.building.take() {
-                    Some((building, at_start)) if building == index => at_start,
-                    _ => 0,
+                let (bytes_at_start, entries_at_start) = match self.snapshots.building.take() {
+                    Some((building, bytes, entries)) if building == index => (bytes, entries),
+                    _ => (0, 0),
                 };
                 if index <= self.snapshots.index {
                     // A snapshot from the leader was installed meanwhile.
@@ -711,7 +726,9 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 }
                 self.snapshots.index = index;
                 self.snapshots.bytes = bytes;
-                self.snapshots.log_bytes = self.snapshots.log_bytes.saturating_sub(at_start);
+                self.snapshots.log_bytes = self.snapshots.log_bytes.saturating_sub(bytes_at_start);
+                self.snapshots.log_entries =
+                    self.snapshots.log_entries.saturating_sub(entries_at_start);
                 self.step(Input::SnapshotBuilt { index }, out);
                 self.maybe_snapshot(out);
             }

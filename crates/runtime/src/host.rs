@@ -1,7 +1,7 @@
 //! The node host: one per process, owning the shared log, the links to
 //! peer nodes, the workers, and every group running on them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +18,7 @@ use ferry_raft::{
 };
 use ferry_storage::{FsDisk, GroupRecovery, Storage, WalOptions};
 
+use crate::connections::ConnectionLimits;
 use crate::error::{GroupError, HostError};
 use crate::group::{Call, Group};
 use crate::log_task::{self, LogRequest};
@@ -59,6 +60,14 @@ pub struct HostConfig {
     pub workers: usize,
     /// The log's options.
     pub wal: WalOptions,
+    /// How many inbound peer connections the host holds, in all and per
+    /// source address.
+    pub peer_connection_limits: ConnectionLimits,
+    /// How long an inbound peer connection may send nothing before it is
+    /// closed (the peer dials again).
+    pub peer_read_timeout: Duration,
+    /// The most bytes held for frames from peers, in all connections.
+    pub peer_buffered_bytes_max: usize,
 }
 
 impl HostConfig {
@@ -77,6 +86,9 @@ impl HostConfig {
             snapshot_policy: SnapshotPolicy::default(),
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             wal: WalOptions::default(),
+            peer_connection_limits: ConnectionLimits::default(),
+            peer_read_timeout: Duration::from_secs(30),
+            peer_buffered_bytes_max: 256 << 20,
         }
     }
 }
@@ -116,6 +128,11 @@ struct HostInner {
     log: mpsc::Sender<LogRequest>,
     links: Arc<Links>,
     peer_addr: SocketAddr,
+    /// Peer nodes whose link to them is up.
+    connected: Arc<Mutex<BTreeSet<NodeId>>>,
+    /// Set when the log stopped, with why.
+    stopped: watch::Receiver<Option<String>>,
+    troubles: Arc<log_task::Troubles>,
     counters: Arc<log_task::LogCounters>,
     /// Groups found on disk at start and not started since.
     recovered: Mutex<BTreeMap<GroupId, GroupRecovery>>,
@@ -151,18 +168,38 @@ impl NodeHost {
             worker::spawn(config.workers, config.tick_interval, log_tx.clone());
         let log_workers = workers.clone();
         let counters = Arc::new(log_task::LogCounters::default());
+        let troubles = Arc::new(log_task::Troubles::default());
+        let (stopped_tx, stopped) = watch::channel(None);
         let log_counters = counters.clone();
+        let log_troubles = troubles.clone();
+        let (shutdown, log_shutdown) = watch::channel(false);
         let log_task = tokio::spawn(async move {
-            let outcome = log_task::run(storage, log_rx, log_workers, log_counters).await;
-            if let Err(error) = &outcome {
-                tracing::error!(%error, "the log stopped; every group on this node stops");
-            }
+            let outcome = log_task::run(
+                storage,
+                log_rx,
+                log_workers,
+                log_counters,
+                log_troubles,
+                log_shutdown,
+            )
+            .await;
+            let reason = match &outcome {
+                Ok(()) => "the host stopped".to_string(),
+                Err(error) => {
+                    tracing::error!(%error, "the log stopped; every group on this node stops");
+                    error.to_string()
+                }
+            };
+            let _ = stopped_tx.send(Some(reason));
             outcome
         });
 
         let (events_tx, events) = mpsc::channel(TRANSPORT_EVENTS_QUEUED_MAX);
         let mut transport_config =
             TransportConfig::new(config.node_id, config.cluster_id, config.peer_listen);
+        transport_config.connection_limits = config.peer_connection_limits;
+        transport_config.read_timeout = config.peer_read_timeout;
+        transport_config.inbound_buffered_bytes_max = config.peer_buffered_bytes_max;
         transport_config.peers = config
             .peers
             .iter()
@@ -171,8 +208,12 @@ impl NodeHost {
             .collect();
         let transport = Transport::start(transport_config, events_tx).await?;
         let peer_addr = transport.local_addr();
-        let (shutdown, _) = watch::channel(false);
-        tasks.push(tokio::spawn(route(events, workers.clone())));
+        let connected = Arc::new(Mutex::new(BTreeSet::new()));
+        tasks.push(tokio::spawn(route(
+            events,
+            workers.clone(),
+            connected.clone(),
+        )));
         Ok(NodeHost {
             inner: Arc::new(HostInner {
                 config,
@@ -182,6 +223,9 @@ impl NodeHost {
                     transport: RwLock::new(transport),
                 }),
                 peer_addr,
+                connected,
+                stopped,
+                troubles,
                 counters,
                 recovered: Mutex::new(report.groups),
                 shutdown,
@@ -194,6 +238,39 @@ impl NodeHost {
     /// Where peer nodes connect to this one.
     pub fn peer_addr(&self) -> SocketAddr {
         self.inner.peer_addr
+    }
+
+    /// The peer nodes whose link is up now.
+    pub fn connected_peers(&self) -> BTreeSet<NodeId> {
+        lock(&self.inner.connected).clone()
+    }
+
+    /// The peer nodes this host dials.
+    pub fn dialed_peers(&self) -> Vec<NodeId> {
+        self.inner
+            .links
+            .transport
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .peer_ids()
+    }
+
+    /// Storage shortages being waited out now (the log cannot start a new
+    /// segment, a snapshot cannot be written), in words, for an operator.
+    pub fn troubles(&self) -> Vec<String> {
+        self.inner.troubles.list()
+    }
+
+    /// Resolves when the host's log has stopped: after [`NodeHost::shutdown`],
+    /// or by itself when the storage failed (a failed write or sync), with
+    /// why. Nothing can be made durable after that.
+    pub async fn stopped(&self) -> String {
+        let mut stopped = self.inner.stopped.clone();
+        let reason = match stopped.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "the host stopped".into(),
+        };
+        reason
     }
 
     /// What the shared log has done since the host started.
@@ -395,10 +472,8 @@ impl NodeHost {
         for task in tasks {
             let _ = task.await;
         }
-        // The workers are gone and with them the log's other senders; this
-        // host's clones go when it is dropped.
+        // The workers are gone; the log syncs what it holds and stops.
         let log_task = lock(&self.inner.log_task).take();
-        drop(self);
         if let Some(task) = log_task {
             let _ = task.await;
         }
@@ -414,14 +489,20 @@ impl NodeHost {
 }
 
 /// Routes what the transport receives to the workers of the groups.
-async fn route(mut events: mpsc::Receiver<TransportEvent>, workers: Workers) {
+async fn route(
+    mut events: mpsc::Receiver<TransportEvent>,
+    workers: Workers,
+    connected: Arc<Mutex<BTreeSet<NodeId>>>,
+) {
     let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
     while let Some(event) = events.recv().await {
         match event {
             TransportEvent::Connected(peer) => {
+                lock(&connected).insert(peer);
                 workers.broadcast(|| WorkerInput::PeerConnected(peer)).await
             }
             TransportEvent::Disconnected(peer) => {
+                lock(&connected).remove(&peer);
                 workers
                     .broadcast(|| WorkerInput::PeerDisconnected(peer))
                     .await

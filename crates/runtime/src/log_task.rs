@@ -183,12 +183,63 @@ pub struct LogCounters {
     pub entries: AtomicU64,
 }
 
+/// Storage shortages the log waits out, in words, for the host's status.
+#[derive(Debug, Default)]
+pub(crate) struct Troubles {
+    /// The log cannot start a new segment and writes on in the current one.
+    rotation: std::sync::Mutex<Option<String>>,
+    /// Groups whose last local snapshot could not be written, and why.
+    snapshots: std::sync::Mutex<BTreeMap<GroupId, String>>,
+}
+
+impl Troubles {
+    pub(crate) fn list(&self) -> Vec<String> {
+        let mut list: Vec<String> = lock(&self.rotation).iter().cloned().collect();
+        list.extend(lock(&self.snapshots).iter().map(|(group, error)| {
+            format!("storage: group {group}: cannot take a snapshot: {error}")
+        }));
+        list
+    }
+
+    fn watch_rotation(&self, storage: &Storage<FsDisk>) {
+        let now = storage.wal.rotation_deferred().map(|error| {
+            format!(
+                "storage: cannot start a new log segment, writing on in the current one: {error}"
+            )
+        });
+        let mut rotation = lock(&self.rotation);
+        if *rotation != now {
+            match &now {
+                Some(text) => tracing::warn!("{text}; retrying as the segment grows"),
+                None => tracing::info!("the log starts new segments again"),
+            }
+            *rotation = now;
+        }
+    }
+
+    fn snapshot(&self, group: GroupId, error: Option<String>) {
+        let mut snapshots = lock(&self.snapshots);
+        match error {
+            Some(error) => snapshots.insert(group, error),
+            None => snapshots.remove(&group),
+        };
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Runs the log until every sender is gone, or the storage fails.
 pub(crate) async fn run(
     mut storage: Storage<FsDisk>,
     mut requests: mpsc::Receiver<LogRequest>,
     workers: Workers,
     counters: Arc<LogCounters>,
+    troubles: Arc<Troubles>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), LogFailed> {
     let (finished_tx, mut finished) = mpsc::unbounded_channel::<Finished>();
     let mut sync_in_flight = false;
@@ -228,6 +279,7 @@ pub(crate) async fn run(
                     sync_in_flight = false;
                     let seqs = storage.wal.complete_sync(pending, outcome)?;
                     counters.syncs.fetch_add(1, Ordering::Relaxed);
+                    troubles.watch_rotation(&storage);
                     for (group, seq) in seqs {
                         workers.complete(group, Completion::Persisted { seq });
                     }
@@ -242,8 +294,12 @@ pub(crate) async fn run(
                         storage.save_snapshot(writer).map(|_| bytes)
                     });
                     match outcome {
-                        Ok(bytes) => workers.complete(group, Completion::SnapshotTaken { index, bytes }),
+                        Ok(bytes) => {
+                            troubles.snapshot(group, None);
+                            workers.complete(group, Completion::SnapshotTaken { index, bytes })
+                        }
                         Err(error) if error.is_transient() => {
+                            troubles.snapshot(group, Some(error.to_string()));
                             workers.complete(group, Completion::SnapshotFailed { index, error: error.to_string() })
                         }
                         Err(error) => return Err(error.into()),
@@ -266,6 +322,7 @@ pub(crate) async fn run(
                     workers.complete(group, Completion::ChunkSaved { index, offset, ok, last: true });
                 }
             },
+            _ = shutdown.wait_for(|stop| *stop), if requests_open => requests_open = false,
             request = requests.recv(), if requests_open => match request {
                 None => requests_open = false,
                 Some(request) => {

@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_runtime::{
@@ -18,6 +20,8 @@ use ferry_runtime::{
 #[derive(Default)]
 struct Journal {
     lines: Vec<String>,
+    /// While set, every restore fails (as a damaged snapshot would).
+    refuse_restores: Option<Arc<AtomicBool>>,
 }
 
 impl StateMachine for Journal {
@@ -40,6 +44,13 @@ impl StateMachine for Journal {
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        if self
+            .refuse_restores
+            .as_ref()
+            .is_some_and(|refuse| refuse.load(Ordering::SeqCst))
+        {
+            return Err(RestoreError::new("refused by the test"));
+        }
         let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
         self.lines = if text.is_empty() {
             Vec::new()
@@ -87,10 +98,12 @@ impl Cluster {
             }
         }
         config.workers = 2;
+        config.tick_interval = Duration::from_millis(20);
         // Small snapshots often, so that the tests see them.
         config.snapshot_policy = SnapshotPolicy {
             log_bytes_min: 2000,
             log_to_snapshot_percent: 100,
+            entries_max: None,
         };
         config.engine.compaction_lag_entries = 5;
         config
@@ -335,4 +348,140 @@ async fn groups_start_stop_and_are_destroyed_at_run_time() {
     assert_eq!(propose(&handle, "fresh".into()).await, 1);
     drop(cluster.hosts.remove(&1));
     host.shutdown().await;
+}
+
+/// Snapshot files of `group` in a node's snapshot directory.
+fn snapshot_files(cluster: &Cluster, id: u64, group: u64) -> Vec<String> {
+    std::fs::read_dir(cluster.dir.join(format!("node-{id}/snapshots")))
+        .map(|entries| {
+            entries
+                .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| {
+                    name.starts_with(&format!("g{group:020}-")) && name.ends_with(".snap")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_does_not_restore_is_refused_and_the_next_is_installed() {
+    let mut cluster = Cluster::new("refused", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let value = "y".repeat(200);
+    for i in 0..40 {
+        propose(&handles[&1], format!("{i}-{value}")).await;
+    }
+    let expected = read(&handles[&1]).await;
+    // Node 3 comes up late and refuses every snapshot for a while.
+    let refuse = Arc::new(AtomicBool::new(true));
+    let mut config = cluster.config(3);
+    config.snapshot_policy.log_bytes_min = u64::MAX;
+    let host3 = NodeHost::start(config).await.unwrap();
+    cluster.hosts.insert(3, host3.clone());
+    let late = host3
+        .start_group(
+            1,
+            Membership::Found(vec![1, 2, 3]),
+            Journal {
+                refuse_restores: Some(refuse.clone()),
+                ..Journal::default()
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Refused: nothing installed, and the machine holds at most what plain
+    // appends gave it before the leader's log ran out (a prefix), and the
+    // group on it still answers.
+    assert!(snapshot_files(&cluster, 3, 1).is_empty());
+    let local = late
+        .query((), ReadConsistency::Local { min_applied: None })
+        .await
+        .unwrap();
+    assert!(
+        local.len() < expected.len() && expected.starts_with(&local),
+        "node 3 holds {} lines of {} from a refused snapshot",
+        local.len(),
+        expected.len()
+    );
+    // The leader sends it again; this time it restores.
+    refuse.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = late
+            .query((), ReadConsistency::Local { min_applied: None })
+            .await
+            .unwrap();
+        if lines == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never installed a snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!snapshot_files(&cluster, 3, 1).is_empty());
+}
+
+#[tokio::test]
+async fn a_host_whose_log_lost_synced_data_refuses_to_start() {
+    let cluster = Cluster::new("lost", 1);
+    let dir = cluster.dir.join("node-1");
+    // The node voted in term 4, durably.
+    {
+        let (mut storage, _) = ferry_storage::Storage::open(
+            ferry_storage::FsDisk,
+            &dir,
+            ferry_storage::WalOptions::default(),
+        )
+        .unwrap();
+        let vote = ferry_runtime::ferry_raft::PersistRequest {
+            seq: 1,
+            hard_state: Some(ferry_runtime::ferry_raft::HardState {
+                term: 4,
+                vote: Some(2),
+                commit: 0,
+            }),
+            entries: Vec::new(),
+        };
+        storage.wal.append(1, &vote).unwrap();
+        storage.wal.sync().unwrap();
+    }
+    // Its only segment is lost.
+    for entry in std::fs::read_dir(dir.join("wal")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let error = match NodeHost::start(cluster.config(1)).await {
+        Err(error) => error,
+        Ok(host) => {
+            host.shutdown().await;
+            panic!("a host that forgot its vote started");
+        }
+    };
+    assert!(
+        matches!(
+            &error,
+            ferry_runtime::HostError::Storage {
+                source: ferry_storage::StorageError::LostSyncedData { .. },
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(text.contains("must not start as a voter"), "{text}");
+    assert!(text.contains("When the disk lies: the way back"), "{text}");
 }
