@@ -29,6 +29,11 @@ pub enum GroupError {
     /// before it committed: the command was not applied.
     #[error("the proposal lost its place in the log to a new leader; it was not applied")]
     Dropped,
+    /// The command was applied, but its response was not kept: a durable
+    /// machine's state already held it (a streamed snapshot from the
+    /// leader covered it). Retrying would apply it again.
+    #[error("the command was applied, but its response came in a snapshot and was not kept")]
+    AppliedWithoutAnswer,
     /// The group's stored state could not be read or refused to start.
     #[error("group {group}: {reason}")]
     Start {
@@ -55,10 +60,9 @@ pub enum GroupError {
 }
 
 impl GroupError {
-    /// Whether a proposal that failed with this error may still have been
-    /// applied, or may be later: the outcome is unknown, and retrying could
-    /// apply the command twice. Every other error means it was not and
-    /// will not be.
+    /// Whether a proposal that failed with this error may have been applied
+    /// (or may be later): retrying could apply the command twice. Every
+    /// other error means it was not and will not be.
     pub fn outcome_unknown(&self) -> bool {
         match self {
             GroupError::Engine(error) => match error {
@@ -77,6 +81,7 @@ impl GroupError {
             },
             // Stopped while it waited: it may have been in the log.
             GroupError::NotRunning { .. } => true,
+            GroupError::AppliedWithoutAnswer => true,
             GroupError::AlreadyRunning { .. }
             | GroupError::Dropped
             | GroupError::Start { .. }

@@ -16,8 +16,9 @@ use ferry_raft::{
 use crate::error::GroupError;
 use crate::log_limit::LogLimiter;
 use crate::log_task::LogRequest;
-use crate::machine::{Command, GroupEvent, StateMachine};
+use crate::machine::{BytesSnapshot, Command, Durability, GroupEvent, StateMachine};
 use crate::snapshot_policy::SnapshotPolicy;
+use crate::stream::Outbound;
 use crate::transport::codec::encode_message;
 use crate::view::GroupView;
 use crate::worker::{Completion, GroupRun, Outbox, Workers};
@@ -144,6 +145,13 @@ pub(crate) struct Group<M: StateMachine> {
     deferred_events: Vec<GroupEvent>,
     /// A restored snapshot is being installed: applies wait for it.
     installing: bool,
+    /// Whether the machine keeps its own state on disk.
+    durable: bool,
+    /// A durable machine's state holds every command through this index:
+    /// those are not applied again.
+    skip_through: Index,
+    /// A durable machine's snapshots streamed to followers.
+    outbound: BTreeMap<NodeId, Outbound>,
     links: Arc<Links>,
     workers: Workers,
     view: Arc<Mutex<GroupView>>,
@@ -177,6 +185,8 @@ impl<M: StateMachine> Group<M> {
         policy: SnapshotPolicy,
         snapshot: (Index, u64),
     ) -> Group<M> {
+        let durable = machine.durability() == Durability::Durable;
+        let skip_through = if durable { machine.applied_index() } else { 0 };
         Group {
             id,
             applied: node.applied_index(),
@@ -185,6 +195,9 @@ impl<M: StateMachine> Group<M> {
             deferred: Vec::new(),
             deferred_events: Vec::new(),
             installing: false,
+            durable,
+            skip_through,
+            outbound: BTreeMap::new(),
             links,
             workers,
             view,
@@ -289,13 +302,19 @@ impl<M: StateMachine> Group<M> {
                 snapshot_index,
                 offset,
                 max_bytes,
-            } => out.log.push(LogRequest::ReadChunk {
+            } if !self.durable => out.log.push(LogRequest::ReadChunk {
                 group: self.id,
                 to,
                 snapshot_index,
                 offset,
                 max_bytes,
             }),
+            Action::LoadSnapshotChunk {
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            } => self.stream_chunk(to, snapshot_index, offset, max_bytes),
             Action::SaveSnapshotChunk {
                 meta,
                 offset,
@@ -374,6 +393,15 @@ impl<M: StateMachine> Group<M> {
                 self.snapshots.log_bytes =
                     self.snapshots.log_bytes.saturating_add(data.len() as u64);
                 self.snapshots.log_entries = self.snapshots.log_entries.saturating_add(1);
+                if index <= self.skip_through {
+                    // A durable machine's state holds it already (from
+                    // before a restart, or from a streamed view).
+                    if let Some(waiter) = waiter {
+                        waiter.fail(GroupError::AppliedWithoutAnswer);
+                    }
+                    self.applied = index;
+                    return;
+                }
                 let Some(machine) = self.machine.as_mut() else {
                     debug_assert!(false, "applies wait while the machine is away");
                     return;
@@ -460,6 +488,32 @@ impl<M: StateMachine> Group<M> {
         }
     }
 
+    /// Serves a chunk of a durable machine's state to a follower, from the
+    /// transfer streaming to it (a new one, from a new view, at offset 0).
+    fn stream_chunk(&mut self, to: NodeId, snapshot_index: Index, offset: u64, max_bytes: u64) {
+        let current = self
+            .outbound
+            .get(&to)
+            .is_some_and(|stream| stream.index == snapshot_index);
+        if offset == 0 || !current {
+            let Some(machine) = self.machine.as_ref() else {
+                // Away restoring: the engine asks again after its timeout.
+                return;
+            };
+            let stream = Outbound::start(
+                self.id,
+                to,
+                snapshot_index,
+                machine.snapshot(),
+                self.workers.clone(),
+            );
+            self.outbound.insert(to, stream);
+        }
+        if let Some(stream) = self.outbound.get(&to) {
+            stream.request(offset, max_bytes);
+        }
+    }
+
     /// Refuses a received snapshot: the leader starts the transfer over.
     fn refuse_snapshot(&mut self, index: Index, offset: u64, reason: &str, out: &mut Outbox) {
         tracing::warn!(group = self.id, index, %reason, "a snapshot from the leader does not restore; the leader starts over");
@@ -505,7 +559,16 @@ impl<M: StateMachine> Group<M> {
         {
             return;
         }
-        let index = self.applied;
+        // A durable machine's log is compacted only behind what it made
+        // durable.
+        let index = if self.durable {
+            machine.durable_index().min(self.applied)
+        } else {
+            self.applied
+        };
+        if index <= s.index {
+            return;
+        }
         let Some(term) = self.node.term_at(index) else {
             return;
         };
@@ -516,10 +579,17 @@ impl<M: StateMachine> Group<M> {
         };
         self.snapshots.building =
             Some((index, self.snapshots.log_bytes, self.snapshots.log_entries));
+        // A durable machine's state is on disk already: the snapshot file
+        // only marks how far the log may be compacted (it holds no state).
+        let source = if self.durable {
+            Box::new(BytesSnapshot(Bytes::new()))
+        } else {
+            machine.snapshot()
+        };
         out.log.push(LogRequest::TakeSnapshot {
             group: self.id,
             meta,
-            source: machine.snapshot(),
+            source,
         });
     }
 }
@@ -668,6 +738,11 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 self.machine = Some(*machine);
                 match outcome {
                     Ok(bytes) => {
+                        if self.durable {
+                            if let Some(machine) = self.machine.as_ref() {
+                                self.skip_through = machine.applied_index();
+                            }
+                        }
                         self.snapshots.bytes = bytes;
                         self.installing = true;
                         out.log.push(LogRequest::InstallReceived {
@@ -742,6 +817,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
 
     fn stop(&mut self) {
         self.deferred.clear();
+        self.outbound.clear();
         for (_, waiter) in std::mem::take(&mut self.waiting) {
             waiter.fail(GroupError::NotRunning { group: self.id });
         }

@@ -22,7 +22,7 @@ use crate::connections::ConnectionLimits;
 use crate::error::{GroupError, HostError};
 use crate::group::{Call, Group};
 use crate::log_task::{self, LogRequest};
-use crate::machine::StateMachine;
+use crate::machine::{Durability, StateMachine};
 use crate::member_id::Hex;
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::transport::{decode_message, Transport, TransportConfig, TransportEvent};
@@ -335,7 +335,9 @@ impl NodeHost {
         };
         let restored = recovery.restored_state(founders);
         let mut snapshot_bytes = 0;
-        if restored.snapshot.index > 0 {
+        // A durable machine holds its own state; its snapshot files only
+        // mark how far the log was compacted.
+        if restored.snapshot.index > 0 && machine.durability() == Durability::InMemory {
             let index = restored.snapshot.index;
             let (reply, answer) = oneshot::channel();
             self.log(LogRequest::ReadSnapshot {

@@ -42,6 +42,13 @@
 //! a consistent view cheaply, and the view is written out on a blocking
 //! thread while the group goes on.
 //!
+//! A machine that keeps its state on disk itself says so
+//! ([`Durability::Durable`]) and reports what it has made durable
+//! ([`StateMachine::durable_index`]): the runtime then compacts the log
+//! behind that without ever writing the state out, streams the machine's
+//! view to a follower that needs the state, and on start applies only the
+//! commands after [`StateMachine::applied_index`].
+//!
 //! # The guarantees
 //!
 //! - A proposal is answered once its command is applied on this node, with
@@ -137,6 +144,7 @@ mod log_task;
 pub mod machine;
 pub mod member_id;
 pub mod snapshot_policy;
+mod stream;
 pub mod transport;
 pub mod view;
 mod worker;
@@ -148,6 +156,8 @@ pub use ferry_raft::{GroupId, Index, MembershipChange, NodeId, ReadConsistency, 
 pub(crate) use host::Links;
 pub use host::{GroupHandle, HostConfig, Membership, NodeHost};
 pub use log_task::{LogCounters, LogFailed};
-pub use machine::{BytesSnapshot, Command, GroupEvent, RestoreError, SnapshotSource, StateMachine};
+pub use machine::{
+    BytesSnapshot, Command, Durability, GroupEvent, RestoreError, SnapshotSource, StateMachine,
+};
 pub use snapshot_policy::SnapshotPolicy;
 pub use view::GroupView;

@@ -51,6 +51,24 @@ pub enum GroupEvent {
     Halted(String),
 }
 
+/// How a machine keeps its state, which decides how the runtime compacts
+/// the group's log and sends a lagging follower the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// The state lives in memory and is lost with the process. The runtime
+    /// writes snapshots of it (when [`crate::SnapshotPolicy`] says) and
+    /// compacts the log behind them; on start the machine is restored from
+    /// the latest snapshot and the log after it is applied again.
+    InMemory,
+    /// The machine keeps its state on disk itself, and says through
+    /// [`StateMachine::durable_index`] what it has made durable. The runtime
+    /// compacts the log behind that without ever writing the state out; a
+    /// follower that needs the state is sent the machine's view
+    /// ([`StateMachine::snapshot`]) streamed as it is written; on start the
+    /// runtime applies only what follows [`StateMachine::applied_index`].
+    Durable,
+}
+
 /// A replicated state machine: the part of a Raft group an embedder writes.
 ///
 /// # What must be deterministic
@@ -89,6 +107,29 @@ pub trait StateMachine: Send + 'static {
     /// pointers to immutable data, a storage engine's snapshot); writing it
     /// out runs on a blocking thread while the group goes on applying.
     fn snapshot(&self) -> Box<dyn SnapshotSource>;
+
+    /// How this machine keeps its state (in memory unless overridden).
+    fn durability(&self) -> Durability {
+        Durability::InMemory
+    }
+
+    /// A [`Durability::Durable`] machine: the highest applied index whose
+    /// effects it has made durable. The runtime compacts the log behind it
+    /// (at the pace of its [`crate::SnapshotPolicy`]). Never more than
+    /// [`applied_index`](Self::applied_index).
+    fn durable_index(&self) -> Index {
+        0
+    }
+
+    /// A [`Durability::Durable`] machine: the index of the last command its
+    /// state holds. Read when the group starts (the runtime applies only
+    /// the commands after it) and after a restore (a streamed view may hold
+    /// more than the snapshot the engine named). After
+    /// [`restore`](Self::restore) returns, the restored state must be
+    /// durable.
+    fn applied_index(&self) -> Index {
+        0
+    }
 
     /// Called on the group's worker when something happens to the group on
     /// this node (see [`GroupEvent`]). Not part of the replicated state:

@@ -485,3 +485,206 @@ async fn a_host_whose_log_lost_synced_data_refuses_to_start() {
     assert!(text.contains("must not start as a voter"), "{text}");
     assert!(text.contains("When the disk lies: the way back"), "{text}");
 }
+
+/// A machine that keeps its state in a file of its own: one line per
+/// command, made durable every few commands.
+struct FileJournal {
+    path: PathBuf,
+    lines: Vec<(u64, String)>,
+    durable_index: u64,
+    /// Commands this machine applied since it was created.
+    applies: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl FileJournal {
+    fn open(path: PathBuf, applies: Arc<std::sync::atomic::AtomicU64>) -> FileJournal {
+        let lines = Self::parse(&std::fs::read_to_string(&path).unwrap_or_default());
+        let durable_index = lines.last().map_or(0, |(index, _)| *index);
+        FileJournal {
+            path,
+            lines,
+            durable_index,
+            applies,
+        }
+    }
+
+    fn parse(text: &str) -> Vec<(u64, String)> {
+        text.lines()
+            .filter_map(|line| {
+                let (index, data) = line.split_once('\t')?;
+                Some((index.parse().ok()?, data.to_owned()))
+            })
+            .collect()
+    }
+
+    fn encode(&self) -> String {
+        self.lines
+            .iter()
+            .map(|(index, data)| format!("{index}\t{data}\n"))
+            .collect()
+    }
+
+    fn save(&mut self) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, self.encode()).unwrap();
+        std::fs::File::open(&tmp).unwrap().sync_all().unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
+        self.durable_index = self.lines.last().map_or(0, |(index, _)| *index);
+    }
+}
+
+impl StateMachine for FileJournal {
+    type Response = usize;
+    type Query = ();
+    type QueryResponse = Vec<String>;
+
+    fn apply(&mut self, command: Command<'_>) -> usize {
+        self.applies.fetch_add(1, Ordering::SeqCst);
+        self.lines.push((
+            command.index,
+            String::from_utf8_lossy(command.data).into_owned(),
+        ));
+        if self.lines.len() % 5 == 0 {
+            self.save();
+        }
+        self.lines.len()
+    }
+
+    fn query(&self, (): ()) -> Vec<String> {
+        self.lines.iter().map(|(_, data)| data.clone()).collect()
+    }
+
+    fn snapshot(&self) -> Box<dyn SnapshotSource> {
+        Box::new(BytesSnapshot(self.encode().into_bytes().into()))
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
+        self.lines = Self::parse(text);
+        self.save();
+        Ok(())
+    }
+
+    fn durability(&self) -> ferry_runtime::Durability {
+        ferry_runtime::Durability::Durable
+    }
+
+    fn durable_index(&self) -> u64 {
+        self.durable_index
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.lines.last().map_or(0, |(index, _)| *index)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_machine_is_compacted_behind_streamed_to_a_late_member_and_not_replayed() {
+    let mut cluster = Cluster::new("durable", 3);
+    std::fs::create_dir_all(&cluster.dir).unwrap();
+    let journal = |cluster: &Cluster, id: u64| {
+        let applies = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let machine = FileJournal::open(cluster.dir.join(format!("journal-{id}")), applies.clone());
+        (machine, applies)
+    };
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        let (machine, _) = journal(&cluster, id);
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let value = "z".repeat(200);
+    let mut expected = Vec::new();
+    for i in 0..40 {
+        let line = format!("{i}-{value}");
+        expected.push(line.clone());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(error) = handles[&1].propose(line.clone().into_bytes()).await {
+            assert!(
+                !error.outcome_unknown() && Instant::now() < deadline,
+                "{error}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The log was compacted behind what the machines made durable, with
+    // snapshot files that hold no state (markers).
+    let markers: Vec<u64> = std::fs::read_dir(cluster.dir.join("node-1/snapshots"))
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".snap"))
+        .map(|entry| entry.metadata().unwrap().len())
+        .collect();
+    assert!(!markers.is_empty(), "no compaction marker was written");
+    let state_bytes = std::fs::metadata(cluster.dir.join("journal-1"))
+        .unwrap()
+        .len();
+    assert!(
+        markers.iter().all(|bytes| *bytes < state_bytes / 4),
+        "markers of {markers:?} bytes for a state of {state_bytes}"
+    );
+    // Node 3 starts late and is sent the state streamed from a view.
+    let host3 = cluster.start(3).await.clone();
+    let (machine, _) = journal(&cluster, 3);
+    let late = host3
+        .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = late
+            .query((), ReadConsistency::Local { min_applied: None })
+            .await
+            .unwrap();
+        if lines == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 holds {} of {} lines",
+            lines.len(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It was caught up by the streamed state, not by the log alone.
+    assert!(
+        !snapshot_files(&cluster, 3, 1).is_empty(),
+        "node 3 was caught up without a snapshot"
+    );
+    // Node 1 restarts: its machine holds its state, so nothing it holds is
+    // applied again; only what follows.
+    handles.remove(&1);
+    cluster.stop(1).await;
+    let host1 = cluster.start(1).await.clone();
+    let (machine, applies) = journal(&cluster, 1);
+    let resumed = host1
+        .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match resumed.propose(b"after".to_vec()).await {
+            Ok(length) => {
+                assert_eq!(length, expected.len() + 1);
+                break;
+            }
+            Err(error) => {
+                assert!(
+                    !error.outcome_unknown() && Instant::now() < deadline,
+                    "{error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_eq!(
+        applies.load(Ordering::SeqCst),
+        1,
+        "commands the machine held were applied again"
+    );
+}

@@ -414,6 +414,9 @@ fn api_error(error: GroupError) -> ApiError {
         // a proposal lost to a leader change the same way).
         GroupError::Dropped => ApiError::NoLeader,
         GroupError::NotRunning { .. } => ApiError::Stopped,
+        // The key-value machine is in memory: its responses are never lost
+        // this way, but the outcome is unknown to the caller.
+        GroupError::AppliedWithoutAnswer => ApiError::Timeout,
         GroupError::AlreadyRunning { .. }
         | GroupError::Start { .. }
         | GroupError::Storage { .. }
