@@ -224,6 +224,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// The `bytes` crate the engine's types use ([`bytes::Bytes`] in commands,
+/// snapshot chunks and messages), so that an embedder names
+/// `ferry_raft::bytes::Bytes` and never mixes two versions of it.
+pub use bytes;
+
 mod client;
 mod election;
 pub mod fault;
