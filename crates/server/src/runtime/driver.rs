@@ -185,7 +185,8 @@ fn api_error(error: RequestError) -> ApiError {
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::TransferInProgress
-        | RequestError::LeaseReadsDisabled => ApiError::Internal(error.to_string()),
+        | RequestError::LeaseReadsDisabled
+        | RequestError::CannotCampaign { .. } => ApiError::Internal(error.to_string()),
         RequestError::Halted { reason } => ApiError::Halted(reason),
     }
 }

@@ -325,7 +325,8 @@ fn retryable(error: &RequestError) -> bool {
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::LearnerNotCaughtUp { .. }
-        | RequestError::LeaseReadsDisabled => false,
+        | RequestError::LeaseReadsDisabled
+        | RequestError::CannotCampaign { .. } => false,
     }
 }
 
@@ -406,6 +407,12 @@ pub fn describe_body(body: &MessageBody) -> String {
         MessageBody::ForwardResponse { id, result } => {
             format!("ForwardResponse id={} {result:?}", id.0)
         }
+        MessageBody::Quiesce {
+            last_index,
+            last_term,
+            commit,
+        } => format!("Quiesce last=({last_index},{last_term}) commit={commit}"),
+        MessageBody::WakeUp => "WakeUp".to_string(),
     }
 }
 
