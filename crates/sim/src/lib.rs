@@ -90,4 +90,5 @@ pub mod storage;
 pub use checks::{Failure, FailureKind};
 pub use config::SimConfig;
 pub use coverage::{Counter, Coverage, CoverageSummary};
-pub use sim::{run_config, run_seed, SeedReport, Simulation};
+pub use config::QuiesceMode;
+pub use sim::{run_config, run_seed, run_seed_with, SeedReport, Simulation};
