@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_sim::scenarios::{run_scenario, ScenarioOptions};
-use ferry_sim::{run_seed, CoverageSummary, SeedReport};
+use ferry_sim::{run_seed_with, CoverageSummary, QuiesceMode, SeedReport};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Arguments of `ferry sim`.
@@ -25,9 +25,16 @@ pub struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Run a named scenario (snapshot-requests, lost-leader-announcement,
-    /// stale-snapshot-hint-zero, stale-data-directory).
+    /// stale-snapshot-hint-zero, stale-data-directory, quiescent-leader-crash,
+    /// quiescent-follower-partition).
     #[arg(long)]
     scenario: Option<String>,
+    /// Which seeds run with quiescence (idle groups go quiet): off (every
+    /// seed exactly as before), on (every seed), or drawn (about half,
+    /// drawn per seed from a generator of its own, so that the seed's
+    /// other parameters are the same).
+    #[arg(long, value_enum, default_value_t = QuiesceArg::Off)]
+    quiesce: QuiesceArg,
     /// Founding voters (3, 5 or 7); drawn from each seed when absent.
     #[arg(long)]
     nodes: Option<usize>,
@@ -48,6 +55,36 @@ pub struct SimArgs {
     drop_snapshot_reports: bool,
 }
 
+/// `--quiesce`: which seeds run with quiescence on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuiesceArg {
+    /// Every seed exactly as before quiescence existed.
+    Off,
+    /// Every seed with quiescence on.
+    On,
+    /// About half the seeds, drawn per seed.
+    Drawn,
+}
+
+impl QuiesceArg {
+    fn mode(self) -> QuiesceMode {
+        match self {
+            QuiesceArg::Off => QuiesceMode::Off,
+            QuiesceArg::On => QuiesceMode::On,
+            QuiesceArg::Drawn => QuiesceMode::Drawn,
+        }
+    }
+
+    /// The flag as the replay command spells it (nothing for the default).
+    fn flag(self) -> &'static str {
+        match self {
+            QuiesceArg::Off => "",
+            QuiesceArg::On => " --quiesce on",
+            QuiesceArg::Drawn => " --quiesce drawn",
+        }
+    }
+}
+
 /// Runs `ferry sim`.
 pub fn run(args: SimArgs) -> ExitCode {
     if let Some(nodes) = args.nodes {
@@ -65,22 +102,23 @@ pub fn run(args: SimArgs) -> ExitCode {
         return scenario(name, options);
     }
     if let Some(seed) = args.seed {
-        return replay(seed, args.nodes, args.trace);
+        return replay(seed, args.nodes, args.trace, args.quiesce);
     }
     let count = args.seeds.unwrap_or(100);
-    sweep(args.from, count, args.nodes, args.jobs)
+    sweep(args.from, count, args.nodes, args.jobs, args.quiesce)
 }
 
-fn replay_command(seed: u64, nodes: Option<usize>) -> String {
+fn replay_command(seed: u64, nodes: Option<usize>, quiesce: QuiesceArg) -> String {
+    let quiesce = quiesce.flag();
     match nodes {
-        Some(n) => format!("ferry sim --seed {seed} --nodes {n} --trace"),
-        None => format!("ferry sim --seed {seed} --trace"),
+        Some(n) => format!("ferry sim --seed {seed} --nodes {n}{quiesce} --trace"),
+        None => format!("ferry sim --seed {seed}{quiesce} --trace"),
     }
 }
 
-fn replay(seed: u64, nodes: Option<usize>, trace: bool) -> ExitCode {
+fn replay(seed: u64, nodes: Option<usize>, trace: bool, quiesce: QuiesceArg) -> ExitCode {
     install_quiet_panic_hook();
-    let report = run_seed(seed, nodes, trace);
+    let report = run_seed_with(seed, nodes, trace, quiesce.mode());
     let mut out = std::io::stdout().lock();
     if let Some(text) = &report.trace {
         let _ = out.write_all(text.as_bytes());
@@ -95,11 +133,19 @@ fn replay(seed: u64, nodes: Option<usize>, trace: bool) -> ExitCode {
         report.end_us
     );
     let _ = writeln!(out, "coverage: {summary}");
-    let config = ferry_sim::SimConfig::random(seed, nodes);
+    let mut config = ferry_sim::SimConfig::random(seed, nodes);
+    config.apply_quiesce(quiesce.mode());
     let _ = writeln!(out, "engine: {:?}", config.engine);
     let _ = writeln!(out, "network: {:?}", config.net);
     let _ = writeln!(out, "faults: {:?}", config.faults);
     let _ = writeln!(out, "disk: {:?}", config.disk);
+    if report.quiesce {
+        let _ = writeln!(
+            out,
+            "quiescence: on, quiesce notices={} wake-ups={}",
+            report.quiesce_notices, report.wake_ups
+        );
+    }
     match &report.failure {
         None => {
             let _ = writeln!(out, "seeds=1 passed=1 failed=0");
@@ -142,7 +188,13 @@ fn scenario(name: &str, options: ScenarioOptions) -> ExitCode {
     }
 }
 
-fn sweep(from: u64, count: u64, nodes: Option<usize>, jobs: Option<usize>) -> ExitCode {
+fn sweep(
+    from: u64,
+    count: u64,
+    nodes: Option<usize>,
+    jobs: Option<usize>,
+    quiesce: QuiesceArg,
+) -> ExitCode {
     install_quiet_panic_hook();
     let jobs = jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -173,7 +225,7 @@ fn sweep(from: u64, count: u64, nodes: Option<usize>, jobs: Option<usize>) -> Ex
                     break;
                 }
                 let seed = from.wrapping_add(i);
-                let mut report = run_seed(seed, nodes, false);
+                let mut report = run_seed_with(seed, nodes, false, quiesce.mode());
                 // Keep what the summary needs; histories are large.
                 report.history.operations.clear();
                 if report.failure.is_some() {
@@ -208,7 +260,7 @@ fn sweep(from: u64, count: u64, nodes: Option<usize>, jobs: Option<usize>) -> Ex
     let mut out = std::io::stdout().lock();
     for (seed, failure) in &failed {
         let _ = writeln!(out, "FAILED seed={seed}: {failure}");
-        let _ = writeln!(out, "  replay: {}", replay_command(*seed, nodes));
+        let _ = writeln!(out, "  replay: {}", replay_command(*seed, nodes, quiesce));
     }
     let passed = results.len() as u64 - failed.len() as u64;
     // How many election timeouts convergence took once the faults stopped.
@@ -235,6 +287,21 @@ fn sweep(from: u64, count: u64, nodes: Option<usize>, jobs: Option<usize>) -> Ex
         results.len() as f64 / seconds.max(1e-9)
     );
     let _ = writeln!(out, "coverage (seeds/events): {summary}");
+    if quiesce != QuiesceArg::Off {
+        // Printed only with quiescence asked for, so that the default
+        // sweep's output stays what it was.
+        let on = results.iter().filter(|(_, r)| r.quiesce).count();
+        let quiet = results
+            .iter()
+            .filter(|(_, r)| r.quiesce_notices > 0)
+            .count();
+        let notices: u64 = results.iter().map(|(_, r)| r.quiesce_notices).sum();
+        let wake_ups: u64 = results.iter().map(|(_, r)| r.wake_ups).sum();
+        let _ = writeln!(
+            out,
+            "quiescence: on in {on} seeds, a group went quiet in {quiet}; quiesce notices={notices} wake-ups={wake_ups}"
+        );
+    }
     let gaps = summary.gaps();
     if !gaps.is_empty() {
         let names: Vec<&str> = gaps.iter().map(|c| c.label()).collect();

@@ -77,6 +77,7 @@ impl GroupError {
                 | RequestError::LearnerNotCaughtUp { .. }
                 | RequestError::TransferInProgress
                 | RequestError::LeaseReadsDisabled
+                | RequestError::CannotCampaign { .. }
                 | RequestError::Halted { .. } => false,
             },
             // Stopped while it waited: it may have been in the log.

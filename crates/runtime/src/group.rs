@@ -9,8 +9,9 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use ferry_raft::{
-    Action, Entry, EntryPayload, GroupId, Index, Input, MembershipChange, Message, NodeId,
-    RaftNode, ReadConsistency, Request, RequestError, RequestId, Response, Role, Status, Term,
+    Action, CampaignOutcome, Entry, EntryPayload, GroupId, Index, Input, MembershipChange, Message,
+    NodeId, RaftNode, ReadConsistency, Request, RequestError, RequestId, Response, Role, Status,
+    Term,
 };
 
 use crate::error::GroupError;
@@ -55,6 +56,9 @@ pub(crate) enum Call<M: StateMachine> {
     Status {
         reply: oneshot::Sender<Result<Status, GroupError>>,
     },
+    Campaign {
+        reply: oneshot::Sender<Result<CampaignOutcome, GroupError>>,
+    },
 }
 
 /// Where a query's answer goes.
@@ -77,6 +81,7 @@ enum Waiter<M: StateMachine> {
     Membership(oneshot::Sender<Result<Index, GroupError>>),
     Transfer(oneshot::Sender<Result<(), GroupError>>),
     Status(oneshot::Sender<Result<Status, GroupError>>),
+    Campaign(oneshot::Sender<Result<CampaignOutcome, GroupError>>),
 }
 
 /// A request whose entry is in the log, waiting for it to apply.
@@ -94,6 +99,7 @@ impl<M: StateMachine> Waiter<M> {
             Waiter::Membership(reply) => drop(reply.send(Err(error))),
             Waiter::Transfer(reply) => drop(reply.send(Err(error))),
             Waiter::Status(reply) => drop(reply.send(Err(error))),
+            Waiter::Campaign(reply) => drop(reply.send(Err(error))),
         }
     }
 }
@@ -235,6 +241,7 @@ impl<M: StateMachine> Group<M> {
             view.commit = self.node.commit_index();
             view.applied = self.applied;
             view.receiving_snapshot = self.node.is_receiving_snapshot();
+            view.quiescent = self.node.is_quiescent();
             view.removed = self.node.is_removed();
             if view.halted.is_none() {
                 view.halted = self.node.halted().map(ToString::to_string);
@@ -461,6 +468,9 @@ impl<M: StateMachine> Group<M> {
             (Waiter::Status(reply), Ok(Response::Status(status))) => {
                 let _ = reply.send(Ok(status));
             }
+            (Waiter::Campaign(reply), Ok(Response::Campaign(outcome))) => {
+                let _ = reply.send(Ok(outcome));
+            }
             (waiter, Ok(other)) => waiter.fail(GroupError::Start {
                 group: self.id,
                 reason: format!("the engine answered {other:?}"),
@@ -637,6 +647,9 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 out,
             ),
             Call::Status { reply } => self.request(Request::Status, Waiter::Status(reply), out),
+            Call::Campaign { reply } => {
+                self.request(Request::Campaign, Waiter::Campaign(reply), out)
+            }
         }
     }
 

@@ -33,6 +33,9 @@ use crate::worker::{self, WorkerInput, Workers};
 const LOG_REQUESTS_QUEUED_MAX: usize = 8192;
 /// The most transport events queued before the connections' readers wait.
 const TRANSPORT_EVENTS_QUEUED_MAX: usize = 8192;
+/// The group id of the host's own messages: a message to group 0 says only
+/// that its sender is alive (see [`Liveness`]). No Raft group has id 0.
+const HOST_GROUP: GroupId = 0;
 
 /// How a host is set up.
 #[derive(Debug, Clone)]
@@ -52,7 +55,9 @@ pub struct HostConfig {
     /// How often every group's clock ticks.
     pub tick_interval: Duration,
     /// The engine options every group starts with (their `id` and `group`
-    /// are set by the host).
+    /// are set by the host). Quiescence is on: an idle group sends nothing
+    /// and the host's keepalives tell its followers when a leader's node is
+    /// gone.
     pub engine: Options,
     /// When in-memory machines are snapshotted.
     pub snapshot_policy: SnapshotPolicy,
@@ -82,7 +87,10 @@ impl HostConfig {
             peer_listen,
             peers: BTreeMap::new(),
             tick_interval: Duration::from_millis(100),
-            engine: Options::new(node_id, 0),
+            engine: Options {
+                quiesce: true,
+                ..Options::new(node_id, 0)
+            },
             snapshot_policy: SnapshotPolicy::default(),
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             wal: WalOptions::default(),
@@ -209,19 +217,34 @@ impl NodeHost {
         let transport = Transport::start(transport_config, events_tx).await?;
         let peer_addr = transport.local_addr();
         let connected = Arc::new(Mutex::new(BTreeSet::new()));
+        let liveness = Arc::new(Liveness::default());
         tasks.push(tokio::spawn(route(
             events,
             workers.clone(),
             connected.clone(),
+            liveness.clone(),
+        )));
+        let silence = config
+            .tick_interval
+            .saturating_mul(config.engine.election_timeout_ticks.max(1));
+        let links = Arc::new(Links {
+            transport: RwLock::new(transport),
+        });
+        tasks.push(tokio::spawn(watch_liveness(
+            config.node_id,
+            config.tick_interval,
+            silence,
+            links.clone(),
+            workers.clone(),
+            connected.clone(),
+            liveness,
         )));
         Ok(NodeHost {
             inner: Arc::new(HostInner {
                 config,
                 workers,
                 log: log_tx,
-                links: Arc::new(Links {
-                    transport: RwLock::new(transport),
-                }),
+                links,
                 peer_addr,
                 connected,
                 stopped,
@@ -495,12 +518,14 @@ async fn route(
     mut events: mpsc::Receiver<TransportEvent>,
     workers: Workers,
     connected: Arc<Mutex<BTreeSet<NodeId>>>,
+    liveness: Arc<Liveness>,
 ) {
     let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
     while let Some(event) = events.recv().await {
         match event {
             TransportEvent::Connected(peer) => {
                 lock(&connected).insert(peer);
+                liveness.heard(peer);
                 workers.broadcast(|| WorkerInput::PeerConnected(peer)).await
             }
             TransportEvent::Disconnected(peer) => {
@@ -515,6 +540,14 @@ async fn route(
                 lease,
             } => match decode_message(&payload) {
                 Ok(message) if message.from == from => {
+                    if liveness.heard(from) {
+                        // It was reported silent: every group hears it is
+                        // back (and sends what it owes).
+                        workers.broadcast(|| WorkerInput::PeerConnected(from)).await;
+                    }
+                    if message.group == HOST_GROUP {
+                        continue;
+                    }
                     let group = message.group;
                     workers
                         .input(group, WorkerInput::Message(message, lease))
@@ -531,6 +564,83 @@ async fn route(
                     }
                 }
             },
+        }
+    }
+}
+
+/// Node-level liveness, one signal per pair of nodes rather than per group.
+///
+/// Idle groups go quiet (no heartbeats), so a host cannot tell from its
+/// groups' traffic whether a peer node is alive; and the followers of a
+/// dead quiet leader hold an election only once the host reports the
+/// leader disconnected. So every host sends each peer a keepalive (a message
+/// to [`HOST_GROUP`]) every tick, and reports a peer whose link is up but
+/// which sent nothing for an election timeout as disconnected to every
+/// group; the first frame it sends again reports it connected.
+#[derive(Default)]
+struct Liveness {
+    /// When each peer was last heard from.
+    last_heard: Mutex<BTreeMap<NodeId, std::time::Instant>>,
+    /// Peers reported silent to the groups.
+    silent: Mutex<BTreeSet<NodeId>>,
+}
+
+impl Liveness {
+    /// Records a frame from `peer`; true if it had been reported silent.
+    fn heard(&self, peer: NodeId) -> bool {
+        lock(&self.last_heard).insert(peer, std::time::Instant::now());
+        lock(&self.silent).remove(&peer)
+    }
+}
+
+/// Sends the keepalives and reports silent peers (see [`Liveness`]).
+async fn watch_liveness(
+    me: NodeId,
+    tick: Duration,
+    silence: Duration,
+    links: Arc<Links>,
+    workers: Workers,
+    connected: Arc<Mutex<BTreeSet<NodeId>>>,
+    liveness: Arc<Liveness>,
+) {
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let peers = links
+            .transport
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .peer_ids();
+        for peer in peers {
+            let keepalive = ferry_raft::Message {
+                group: HOST_GROUP,
+                from: me,
+                to: peer,
+                term: 0,
+                body: ferry_raft::MessageBody::WakeUp,
+            };
+            links.send(peer, crate::transport::encode_message(&keepalive));
+        }
+        let now = std::time::Instant::now();
+        let up: Vec<NodeId> = lock(&connected).iter().copied().collect();
+        let newly_silent: Vec<NodeId> = {
+            let last_heard = lock(&liveness.last_heard);
+            let mut silent = lock(&liveness.silent);
+            up.into_iter()
+                .filter(|peer| {
+                    let quiet = last_heard
+                        .get(peer)
+                        .is_none_or(|at| now.saturating_duration_since(*at) > silence);
+                    quiet && silent.insert(*peer)
+                })
+                .collect()
+        };
+        for peer in newly_silent {
+            tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
+            workers
+                .broadcast(|| WorkerInput::PeerDisconnected(peer))
+                .await;
         }
     }
 }
@@ -632,6 +742,13 @@ impl<M: StateMachine> GroupHandle<M> {
     pub async fn transfer_leadership(&self, to: NodeId) -> Result<(), GroupError> {
         self.call(|reply| Call::TransferLeadership { to, reply })
             .await
+    }
+
+    /// Asks this node to stand for election in the group now (after a
+    /// pre-vote when the engine's `pre_vote` is on, so a healthy leader
+    /// keeps its place).
+    pub async fn campaign(&self) -> Result<ferry_raft::CampaignOutcome, GroupError> {
+        self.call(|reply| Call::Campaign { reply }).await
     }
 
     /// The group's state on this node.

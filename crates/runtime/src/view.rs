@@ -24,6 +24,9 @@ pub struct GroupView {
     pub config: Configuration,
     /// Whether it is receiving a snapshot from the leader.
     pub receiving_snapshot: bool,
+    /// Whether the group is quiet here: idle, with no heartbeats and no
+    /// election timer running (see the engine's quiescence).
+    pub quiescent: bool,
     /// Whether it was removed from the group.
     pub removed: bool,
     /// The fault it halted the group on, if it did.
@@ -41,6 +44,7 @@ impl Default for GroupView {
             applied: 0,
             config: Configuration::default(),
             receiving_snapshot: false,
+            quiescent: false,
             removed: false,
             halted: None,
         }

@@ -219,6 +219,18 @@ async fn many_groups_replicate_through_any_member_and_survive_a_host_stopping() 
             assert_eq!(lines.len(), 3, "group {group} on node {id}: {lines:?}");
         }
     }
+    // Idle, every group goes quiet on every node.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !handles
+        .values()
+        .all(|groups| groups.values().all(|handle| handle.view().quiescent))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the idle groups never went quiet"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Stop the host that leads group 1: every group it led elects another
     // leader, and every group goes on through the other two.
     let stopped = leader_of(&handles[&1][&1]).await;

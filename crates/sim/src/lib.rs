@@ -68,8 +68,22 @@
 //!   its whole log, and every client operation has completed.
 //! - A panic anywhere is caught and fails the seed.
 //!
-//! [`scenarios`] stages the three field reports; [`coverage`] counts what
-//! each seed exercised. `ferry sim` is the command-line front end.
+//! ## Quiescence
+//! [`config::QuiesceMode`] decides which seeds run with idle groups going
+//! quiet (`ferry_raft::Options::quiesce`): `Off` (the default: every seed
+//! exactly as before), `On`, or `Drawn` (about half, from a generator of its
+//! own seeded from the seed, so that the seed's other parameters are those
+//! it always drew); `ferry sim --quiesce off|on|drawn`. The runtime reports
+//! `PeerDisconnected` for crashes and for partitions that cut a pair of
+//! nodes both ways (the host's part of the contract); one-way cuts, clogged
+//! links and pauses report nothing, which the engine must survive too
+//! (see ferry_raft's crate docs, "The host's part"). Quiesce notices and
+//! wake-ups are counted in the [`SeedReport`], not as coverage counters,
+//! so that a run with quiescence off reports what it always did.
+//!
+//! [`scenarios`] stages the three field reports, a stale data directory and
+//! two quiescence cases; [`coverage`] counts what each seed exercised.
+//! `ferry sim` is the command-line front end.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -88,6 +102,7 @@ pub mod state_machine;
 pub mod storage;
 
 pub use checks::{Failure, FailureKind};
+pub use config::QuiesceMode;
 pub use config::SimConfig;
 pub use coverage::{Counter, Coverage, CoverageSummary};
-pub use sim::{run_config, run_seed, SeedReport, Simulation};
+pub use sim::{run_config, run_seed, run_seed_with, SeedReport, Simulation};

@@ -408,6 +408,7 @@ fn api_error(error: GroupError) -> ApiError {
             | RequestError::MembershipChangePending
             | RequestError::InvalidMembershipChange { .. }
             | RequestError::TransferInProgress
+            | RequestError::CannotCampaign { .. }
             | RequestError::LeaseReadsDisabled => ApiError::Internal(error.to_string()),
         },
         // A new leader replaced the entry: it was not applied (etcd answers

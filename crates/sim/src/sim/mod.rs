@@ -25,7 +25,7 @@ use ferry_raft::{
 };
 
 use crate::checks::{Failure, FailureKind, SafetyChecker};
-use crate::config::{Sabotage, SimConfig, TICK_US};
+use crate::config::{QuiesceMode, Sabotage, SimConfig, TICK_US};
 use crate::coverage::{Counter, Coverage};
 use crate::history::{History, OpKind, Operation, Outcome};
 use crate::net::{DropReason, Network, Partition, SendOutcome};
@@ -271,6 +271,12 @@ pub struct SeedReport {
     pub converged_after_us: Option<u64>,
     /// The run's least election timeout, for scale.
     pub election_timeout_us: u64,
+    /// Whether the run had quiescence on.
+    pub quiesce: bool,
+    /// Quiesce notices the leaders sent (how often a group went quiet).
+    pub quiesce_notices: u64,
+    /// Wake-ups the followers sent to quiescent (or awake) leaders.
+    pub wake_ups: u64,
 }
 
 /// One simulated cluster.
@@ -310,6 +316,10 @@ pub struct Simulation {
     /// Faults the engines reported, when a scenario made a node faulty on
     /// purpose (see `restore_stale_disk`); otherwise any fault fails the run.
     faults_seen: Option<Vec<(NodeId, ferry_raft::Fault)>>,
+    /// Quiesce notices and wake-ups sent (counted, not coverage counters,
+    /// so that a run with quiescence off reports exactly what it did before).
+    quiesce_notices: u64,
+    wake_ups: u64,
 }
 
 fn retryable(error: &RequestError) -> bool {
@@ -325,7 +335,8 @@ fn retryable(error: &RequestError) -> bool {
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::LearnerNotCaughtUp { .. }
-        | RequestError::LeaseReadsDisabled => false,
+        | RequestError::LeaseReadsDisabled
+        | RequestError::CannotCampaign { .. } => false,
     }
 }
 
@@ -406,6 +417,12 @@ pub fn describe_body(body: &MessageBody) -> String {
         MessageBody::ForwardResponse { id, result } => {
             format!("ForwardResponse id={} {result:?}", id.0)
         }
+        MessageBody::Quiesce {
+            last_index,
+            last_term,
+            commit,
+        } => format!("Quiesce last=({last_index},{last_term}) commit={commit}"),
+        MessageBody::WakeUp => "WakeUp".to_string(),
     }
 }
 
@@ -513,6 +530,8 @@ impl Simulation {
             converged_after_us: None,
             repair: None,
             faults_seen: None,
+            quiesce_notices: 0,
+            wake_ups: 0,
         };
         if sim.config.disk.real {
             sim.coverage.hit(Counter::RealStorageRun);
@@ -586,6 +605,9 @@ impl Simulation {
             trace: self.trace,
             converged_after_us: self.converged_after_us,
             election_timeout_us: u64::from(self.config.engine.election_timeout_ticks) * TICK_US,
+            quiesce: self.config.engine.quiesce,
+            quiesce_notices: self.quiesce_notices,
+            wake_ups: self.wake_ups,
         }
     }
 
@@ -1366,6 +1388,8 @@ impl Simulation {
                 SnapshotOutcome::Rejected => self.coverage.hit(Counter::SnapshotRejected),
                 SnapshotOutcome::Installed { .. } => {}
             },
+            MessageBody::Quiesce { .. } => self.quiesce_notices += 1,
+            MessageBody::WakeUp => self.wake_ups += 1,
             _ => {}
         }
         let interference = match &mut self.hook {
@@ -1824,7 +1848,18 @@ pub fn check_linearizable(history: &History) -> Result<(), String> {
 
 /// Runs one seed with random parameters, catching panics.
 pub fn run_seed(seed: u64, voters: Option<usize>, trace: bool) -> SeedReport {
+    run_seed_with(seed, voters, trace, QuiesceMode::Off)
+}
+
+/// Runs one seed with random parameters and quiescence set by `quiesce`.
+pub fn run_seed_with(
+    seed: u64,
+    voters: Option<usize>,
+    trace: bool,
+    quiesce: QuiesceMode,
+) -> SeedReport {
     let mut config = SimConfig::random(seed, voters);
+    config.apply_quiesce(quiesce);
     config.trace = trace;
     run_config(config)
 }
@@ -1879,6 +1914,9 @@ pub fn run_config(config: SimConfig) -> SeedReport {
                     trace: None,
                     converged_after_us: None,
                     election_timeout_us: 0,
+                    quiesce: false,
+                    quiesce_notices: 0,
+                    wake_ups: 0,
                 },
             };
             if let Some(trace) = &mut report.trace {
