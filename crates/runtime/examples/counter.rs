@@ -14,7 +14,9 @@
 //! not lead a group forwards to the leader), then reads every counter
 //! linearizably: every node must see `3 × rounds` in each. With
 //! `--idle-seconds S` the nodes then sit idle for S seconds and report the
-//! CPU they used meanwhile (from /proc/self/stat).
+//! CPU they used meanwhile (from /proc/self/stat). With COUNTER_PROGRESS=1
+//! in the environment each node prints, while its groups elect, how many
+//! have a leader, and after 10 s what the leaderless ones look like.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -242,6 +244,55 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
         started.elapsed().as_secs_f64()
     );
 
+    // Every group elects a leader before the workload starts (thousands of
+    // groups starting at once elect for a few seconds).
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120);
+    while groups
+        .iter()
+        .any(|g| g.view_with(|view| view.leader.is_none()))
+    {
+        if Instant::now() > deadline {
+            return Err("some groups elected no leader within 120 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if std::env::var_os("COUNTER_PROGRESS").is_some() {
+            let led = groups
+                .iter()
+                .filter(|g| g.view_with(|view| view.leader.is_some()))
+                .count();
+            eprintln!(
+                "node {node}: {led} of {} groups have a leader after {:.1} s",
+                groups.len(),
+                started.elapsed().as_secs_f64()
+            );
+            if started.elapsed() > Duration::from_secs(10) {
+                let mut kinds = std::collections::BTreeMap::new();
+                for g in groups.iter() {
+                    let v = g.view();
+                    if v.leader.is_none() {
+                        *kinds
+                            .entry(format!(
+                                "{:?} q={} t={} last={} durable={} commit={}",
+                                v.role,
+                                v.quiescent,
+                                v.term,
+                                v.last_index,
+                                v.durable_index,
+                                v.commit
+                            ))
+                            .or_insert(0) += 1;
+                    }
+                }
+                eprintln!("node {node}: leaderless: {kinds:?}");
+            }
+        }
+    }
+    println!(
+        "every group has a leader after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+
     // The workload: every group gets `rounds` increments from this node, a
     // bounded number in flight at once.
     let syncs_before = host
@@ -310,6 +361,22 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
     );
 
     if options.idle_seconds > 0 {
+        // Idle groups go quiet within a heartbeat interval or two.
+        let started = Instant::now();
+        while groups.iter().any(|g| !g.view_with(|view| view.quiescent))
+            && started.elapsed() < Duration::from_secs(60)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let quiet = groups
+            .iter()
+            .filter(|g| g.view_with(|view| view.quiescent))
+            .count();
+        println!(
+            "{quiet} of {} groups quiet after {:.2} s",
+            groups.len(),
+            started.elapsed().as_secs_f64()
+        );
         let cpu_before = cpu_time();
         let started = Instant::now();
         tokio::time::sleep(Duration::from_secs(options.idle_seconds)).await;

@@ -237,8 +237,9 @@ impl<M: StateMachine> Group<M> {
             view.role = self.role;
             view.term = self.node.term();
             view.leader = self.node.leader();
-            view.last_index = self.node.last_index();
+
             view.commit = self.node.commit_index();
+            view.durable_index = self.node.durable_index();
             view.applied = self.applied;
             view.receiving_snapshot = self.node.is_receiving_snapshot();
             view.quiescent = self.node.is_quiescent();
@@ -246,10 +247,15 @@ impl<M: StateMachine> Group<M> {
             if view.halted.is_none() {
                 view.halted = self.node.halted().map(ToString::to_string);
             }
-            let changed = view.config != *self.node.config();
+            // The configuration changes only with the log (an entry
+            // appended or cut, a snapshot installed), so it is compared
+            // only when the log's end moved.
+            let log_moved = view.last_index != self.node.last_index();
+            let changed = log_moved && view.config != *self.node.config();
             if changed {
                 view.config = self.node.config().clone();
             }
+            view.last_index = self.node.last_index();
             changed
         };
         if config_changed {

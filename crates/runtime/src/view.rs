@@ -18,6 +18,8 @@ pub struct GroupView {
     pub last_index: Index,
     /// Its commit index.
     pub commit: Index,
+    /// How far its log (and its term and vote) are synced.
+    pub durable_index: Index,
     /// The index its machine has applied.
     pub applied: Index,
     /// The configuration in force.
@@ -41,6 +43,7 @@ impl Default for GroupView {
             leader: None,
             last_index: 0,
             commit: 0,
+            durable_index: 0,
             applied: 0,
             config: Configuration::default(),
             receiving_snapshot: false,
