@@ -16,7 +16,8 @@
 //! `--idle-seconds S` the nodes then sit idle for S seconds and report the
 //! CPU they used meanwhile (from /proc/self/stat). With COUNTER_PROGRESS=1
 //! in the environment each node prints, while its groups elect, how many
-//! have a leader, and after 10 s what the leaderless ones look like.
+//! have a leader, and after 10 s what the leaderless ones look like;
+//! COUNTER_NO_QUIESCE=1 turns the engine's quiescence off, for comparison.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -228,6 +229,9 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
             .insert(peer, format!("127.0.0.1:{}", port(peer)));
     }
     config.workers = options.workers;
+    if std::env::var_os("COUNTER_NO_QUIESCE").is_some() {
+        config.engine.quiesce = false;
+    }
     let host = NodeHost::start(config).await?;
     let started = Instant::now();
     let mut groups = Vec::with_capacity(options.groups as usize);
