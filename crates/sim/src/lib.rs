@@ -90,4 +90,4 @@ pub mod storage;
 pub use checks::{Failure, FailureKind};
 pub use config::SimConfig;
 pub use coverage::{Counter, Coverage, CoverageSummary};
-pub use sim::{run_config, run_seed, SeedReport, Simulation};
+pub use sim::{run_config, run_seed, run_seed_in_groups, SeedReport, Simulation};

@@ -25,6 +25,7 @@
 //!   the commit index beyond its log rather than clamp it, and it must
 //!   catch up, with every check still holding.
 
+
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -594,7 +595,7 @@ fn stale_data_directory(
     let backup = sim
         .copy_disk(follower)
         .ok_or("the scenario needs the storage model")?;
-    let backed_up = backup.synced().last_index();
+    let backed_up = backup.group(1).map_or(0, |d| d.synced().last_index());
     write_through(sim, leader, 10, 200)?;
     sim.crash_node(follower);
     if !sim.restore_stale_disk(follower, backup) {
@@ -618,14 +619,13 @@ fn stale_data_directory(
             "node {follower}, restored from an older copy, never caught up to {target}"
         ));
     }
-    let leader_noticed = sim.faults_seen().iter().any(|(id, f)| {
+    let leader_noticed = sim.faults_seen().iter().any(|(id, _, f)| {
         *id == leader
             && matches!(f, ferry_raft::Fault::FollowerLogWentBack { peer, .. } if *peer == follower)
     });
-    let follower_refused = sim
-        .faults_seen()
-        .iter()
-        .any(|(id, f)| *id == follower && matches!(f, ferry_raft::Fault::CommitBeyondLog { .. }));
+    let follower_refused = sim.faults_seen().iter().any(|(id, _, f)| {
+        *id == follower && matches!(f, ferry_raft::Fault::CommitBeyondLog { .. })
+    });
     notes.push(format!(
         "detected: the leader saw the log go back: {leader_noticed}; the follower refused a commit beyond its log: {follower_refused}"
     ));
