@@ -27,7 +27,8 @@ pub struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Run a named scenario (snapshot-requests, lost-leader-announcement,
-    /// stale-snapshot-hint-zero, stale-data-directory).
+    /// stale-snapshot-hint-zero, stale-data-directory,
+    /// idle-group-leader-crash).
     #[arg(long)]
     scenario: Option<String>,
     /// Founding voters (3, 5 or 7); drawn from each seed when absent.
