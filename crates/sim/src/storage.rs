@@ -14,7 +14,7 @@
 //! synced term never decreases, a vote is never changed within a term, the
 //! synced commit index never goes back, and the log never gets a gap.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 use ferry_raft::{
@@ -493,40 +493,55 @@ impl DiskModel {
 /// (`ferry_storage::Wal::prepare_sync`).
 #[derive(Clone, Debug, Default)]
 pub struct NodeDisk {
-    groups: BTreeMap<GroupId, DiskModel>,
-    /// The seq each covered group's writes reach in the running sync.
-    sync_in_flight: Option<BTreeMap<GroupId, u64>>,
+    /// Each group's part, sorted by group id (a vector: it is looked up on
+    /// every write and every message sent, and nodes host few groups).
+    groups: Vec<(GroupId, DiskModel)>,
+    /// Whether a sync runs (each covered group's model knows its own seq).
+    sync_in_flight: bool,
 }
 
 /// A broken promise about one group's durable state.
 pub type GroupViolation = (GroupId, StorageViolation);
 
+/// What one sync of a node's log covers: each group's writes through its
+/// seq, in group order.
+pub type SyncCoverage = Vec<(GroupId, u64)>;
+
 impl NodeDisk {
     /// A node's storage holding each group's `initial` state as synced.
     pub fn new(initial: impl IntoIterator<Item = (GroupId, DurableState)>) -> Self {
+        let mut groups: Vec<(GroupId, DiskModel)> = initial
+            .into_iter()
+            .map(|(group, state)| (group, DiskModel::new(state)))
+            .collect();
+        groups.sort_by_key(|(group, _)| *group);
+        groups.dedup_by_key(|(group, _)| *group);
         NodeDisk {
-            groups: initial
-                .into_iter()
-                .map(|(group, state)| (group, DiskModel::new(state)))
-                .collect(),
-            sync_in_flight: None,
+            groups,
+            sync_in_flight: false,
         }
     }
 
     /// The groups the node hosts, in order.
     pub fn group_ids(&self) -> Vec<GroupId> {
-        self.groups.keys().copied().collect()
+        self.groups.iter().map(|(group, _)| *group).collect()
+    }
+
+    fn position(&self, group: GroupId) -> Option<usize> {
+        self.groups.binary_search_by_key(&group, |(g, _)| *g).ok()
     }
 
     /// One group's part of the storage.
     pub fn group(&self, group: GroupId) -> Option<&DiskModel> {
-        self.groups.get(&group)
+        let i = self.position(group)?;
+        self.groups.get(i).map(|(_, disk)| disk)
     }
 
     /// One group's part of the storage, to change it. Syncs go through the
     /// node ([`NodeDisk::start_sync`]), not through the group's model.
     pub fn group_mut(&mut self, group: GroupId) -> Option<&mut DiskModel> {
-        self.groups.get_mut(&group)
+        let i = self.position(group)?;
+        self.groups.get_mut(i).map(|(_, disk)| disk)
     }
 
     /// Writes a request of `group` to the shared log (not yet durable).
@@ -535,7 +550,7 @@ impl NodeDisk {
         group: GroupId,
         request: PersistRequest,
     ) -> Result<(), StorageViolation> {
-        match self.groups.get_mut(&group) {
+        match self.group_mut(group) {
             Some(disk) => disk.write(request),
             None => Err(StorageViolation::UnknownGroup { group }),
         }
@@ -544,41 +559,44 @@ impl NodeDisk {
     /// Starts a sync of everything written so far in every group, if there
     /// is something to sync and no sync is running. Returns the seq each
     /// covered group's writes will be durable through.
-    pub fn start_sync(&mut self) -> Option<BTreeMap<GroupId, u64>> {
-        if self.sync_in_flight.is_some() {
+    pub fn start_sync(&mut self) -> Option<SyncCoverage> {
+        if self.sync_in_flight {
             return None;
         }
-        let covered: BTreeMap<GroupId, u64> = self
+        let covered: SyncCoverage = self
             .groups
             .iter_mut()
-            .filter_map(|(&group, disk)| disk.start_sync().map(|seq| (group, seq)))
+            .filter_map(|(group, disk)| disk.start_sync().map(|seq| (*group, seq)))
             .collect();
         if covered.is_empty() {
             return None;
         }
-        self.sync_in_flight = Some(covered.clone());
+        self.sync_in_flight = true;
         Some(covered)
     }
 
-    /// Completes the running sync: every covered group's writes through its
-    /// seq become durable, all of them or (on a broken promise) the run fails.
-    pub fn complete_sync(
-        &mut self,
-        covered: &BTreeMap<GroupId, u64>,
-    ) -> Result<(), GroupViolation> {
-        if self.sync_in_flight.as_ref() != Some(covered) {
-            let (group, seq) = covered.iter().next().map_or((0, 0), |(g, s)| (*g, *s));
-            return Err((group, StorageViolation::UnexpectedSync { seq }));
+    /// Completes the running sync, which covered `covered`: every covered
+    /// group's writes through its seq become durable, all of them or (on a
+    /// broken promise) the run fails.
+    pub fn complete_sync(&mut self, covered: &[(GroupId, u64)]) -> Result<(), GroupViolation> {
+        let unexpected =
+            |(group, seq): (GroupId, u64)| (group, StorageViolation::UnexpectedSync { seq });
+        if !self.sync_in_flight {
+            return Err(unexpected(covered.first().copied().unwrap_or((0, 0))));
         }
-        self.sync_in_flight = None;
-        for (&group, &seq) in covered {
+        self.sync_in_flight = false;
+        for &(group, seq) in covered {
             let disk = self
-                .groups
-                .get_mut(&group)
+                .group_mut(group)
                 .ok_or((group, StorageViolation::UnknownGroup { group }))?;
             disk.complete_sync(seq).map_err(|v| (group, v))?;
         }
-        Ok(())
+        // A group the sync covered but `covered` left out would never sync
+        // again: that is a bug of the caller, not a disk's doing.
+        match self.groups.iter().find(|(_, disk)| disk.sync_in_flight()) {
+            Some((group, _)) => Err(unexpected((*group, 0))),
+            None => Ok(()),
+        }
     }
 
     /// Each group's highest durable seq not reported to its engine yet, in
@@ -586,24 +604,24 @@ impl NodeDisk {
     pub fn take_persisted_reports(&mut self) -> Vec<(GroupId, u64)> {
         self.groups
             .iter_mut()
-            .filter_map(|(&group, disk)| disk.take_persisted_report().map(|seq| (group, seq)))
+            .filter_map(|(group, disk)| disk.take_persisted_report().map(|seq| (*group, seq)))
             .collect()
     }
 
     /// Whether a sync is running.
     pub fn sync_in_flight(&self) -> bool {
-        self.sync_in_flight.is_some()
+        self.sync_in_flight
     }
 
     /// Whether any group has writes waiting for a sync.
     pub fn has_unsynced(&self) -> bool {
-        self.groups.values().any(DiskModel::has_unsynced)
+        self.groups.iter().any(|(_, disk)| disk.has_unsynced())
     }
 
     /// The power goes out: every group's unsynced writes are lost together.
     pub fn crash(&mut self) {
-        self.sync_in_flight = None;
-        for disk in self.groups.values_mut() {
+        self.sync_in_flight = false;
+        for (_, disk) in self.groups.iter_mut() {
             disk.crash();
         }
     }
@@ -619,13 +637,12 @@ impl NodeDisk {
         data: Bytes,
     ) -> Result<(), GroupViolation> {
         let disk = self
-            .groups
-            .get_mut(&group)
+            .group_mut(group)
             .ok_or((group, StorageViolation::UnknownGroup { group }))?;
         disk.install_snapshot(meta, data).map_err(|v| (group, v))?;
-        for (&other, disk) in self.groups.iter_mut() {
-            if other != group {
-                disk.make_written_durable().map_err(|v| (other, v))?;
+        for (other, disk) in self.groups.iter_mut() {
+            if *other != group {
+                disk.make_written_durable().map_err(|v| (*other, v))?;
             }
         }
         Ok(())
@@ -898,7 +915,7 @@ mod tests {
             .unwrap();
         disk.write(2, request(2, None, vec![entry(3, 1)])).unwrap();
         let covered = disk.start_sync().unwrap();
-        assert_eq!(covered, BTreeMap::from([(1, 1), (2, 2)]));
+        assert_eq!(covered, vec![(1, 1), (2, 2)]);
         assert_eq!(disk.start_sync(), None, "one sync at a time per node");
         // Written while the sync runs: the next sync's.
         disk.write(1, request(2, None, vec![entry(2, 1)])).unwrap();
@@ -906,7 +923,7 @@ mod tests {
         assert_eq!(disk.take_persisted_reports(), vec![(1, 1), (2, 2)]);
         assert_eq!(disk.group(1).unwrap().synced().last_index(), 1);
         assert_eq!(disk.group(2).unwrap().synced().last_index(), 3);
-        assert_eq!(disk.start_sync(), Some(BTreeMap::from([(1, 2)])));
+        assert_eq!(disk.start_sync(), Some(vec![(1, 2)]));
         assert!(disk.write(3, request(1, None, vec![])).is_err());
     }
 

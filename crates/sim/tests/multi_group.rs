@@ -3,8 +3,6 @@
 //! workload spread over the groups with some left idle, and the checks run
 //! group by group.
 
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
 use ferry_raft::{Entry, EntryPayload, PersistRequest, Request, Response};
 use ferry_sim::config::{DiskConfig, SimConfig, TICK_US};
@@ -271,7 +269,7 @@ fn one_sync_covers_writes_of_several_groups() {
     disk.write(3, write(1, 1)).unwrap();
     disk.write(3, write(2, 2)).unwrap();
     let covered = disk.start_sync().unwrap();
-    assert_eq!(covered, BTreeMap::from([(1, 1), (3, 2)]));
+    assert_eq!(covered, vec![(1, 1), (3, 2)]);
     disk.write(2, write(1, 1)).unwrap();
     disk.complete_sync(&covered).unwrap();
     assert_eq!(disk.take_persisted_reports(), vec![(1, 1), (3, 2)]);

@@ -316,11 +316,7 @@ impl Simulation {
     /// writes durable as the model, group by group: one sync of the shared
     /// log covers exactly the groups, and the seqs, the model's sync
     /// covered. Returns whether to go on.
-    pub(super) fn real_complete_sync(
-        &mut self,
-        id: NodeId,
-        covered: &BTreeMap<GroupId, u64>,
-    ) -> bool {
+    pub(super) fn real_complete_sync(&mut self, id: NodeId, covered: &[(GroupId, u64)]) -> bool {
         let multi = self.config.groups > 1;
         let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
             return true;
@@ -330,13 +326,20 @@ impl Simulation {
                 // A group the model covered may be missing from the real
                 // log's answer only if it wrote nothing the log recorded;
                 // a group or a seq the model did not cover is a mismatch.
+                let model_seq = |group: GroupId| {
+                    covered
+                        .binary_search_by_key(&group, |(g, _)| *g)
+                        .ok()
+                        .and_then(|i| covered.get(i))
+                        .map(|(_, seq)| *seq)
+                };
                 let mismatch = durable
                     .iter()
-                    .find(|(group, seq)| covered.get(group) != Some(seq));
+                    .find(|(&group, &seq)| model_seq(group) != Some(seq));
                 let Some((&group, &real_seq)) = mismatch else {
                     return true;
                 };
-                let model = covered.get(&group).copied().unwrap_or(0);
+                let model = model_seq(group).unwrap_or(0);
                 let detail = if multi {
                     format!("node {id}: the real log made seq {real_seq} of group {group} durable, the model {model} (the model's sync covered {covered:?}, the real one {durable:?})")
                 } else {
@@ -405,7 +408,7 @@ impl Simulation {
         let Some(real) = node.real.as_mut() else {
             return true;
         };
-        let Some(replica) = node.replicas.get_mut(&group) else {
+        let Some(replica) = group_index(group).and_then(|i| node.replicas.get_mut(i)) else {
             return false;
         };
         replica.snapshot_attempt = Some((meta.clone(), data.clone()));
@@ -511,7 +514,7 @@ impl Simulation {
                     // A leader of some group: it reads its snapshots to
                     // send them (with one group, group 1 and no draw).
                     let group = if self.config.groups > 1 {
-                        let groups = self.group_ids();
+                        let groups: Vec<GroupId> = self.group_ids().collect();
                         self.group_rng.pick(&groups).copied().unwrap_or(GROUP)
                     } else {
                         GROUP
@@ -571,7 +574,7 @@ impl Simulation {
         else {
             return;
         };
-        let groups = self.group_ids();
+        let groups: Vec<GroupId> = self.group_ids().collect();
         for &group in &groups {
             self.ever_added.insert((group, replacement));
         }

@@ -193,7 +193,7 @@ impl Simulation {
         }
         if node.real.is_some() {
             let mut acknowledged = BTreeMap::new();
-            for (&group, replica) in node.replicas.iter_mut() {
+            for (group, replica) in (1..).zip(node.replicas.iter_mut()) {
                 let Some(disk) = node.disk.group(group) else {
                     continue;
                 };
@@ -222,7 +222,7 @@ impl Simulation {
             return;
         };
         node.disk.crash();
-        for replica in node.replicas.values_mut() {
+        for replica in node.replicas.iter_mut() {
             replica.engine = None;
             replica.snapshot_in_progress = false;
         }

@@ -39,7 +39,7 @@ use crate::net::{DropReason, Network, Partition, SendOutcome};
 use crate::real_storage::RealStorage;
 use crate::rng::SimRng;
 use crate::state_machine::{Command, CommandResult, RegisterMachine};
-use crate::storage::{DurableState, GroupViolation, NodeDisk};
+use crate::storage::{DurableState, GroupViolation, NodeDisk, SyncCoverage};
 
 /// The first group's id: with one group per node (the default) the only
 /// one, and the group the accessors without a group argument look at.
@@ -85,7 +85,7 @@ enum Event {
         node: NodeId,
         incarnation: u64,
         /// The seq each group's writes reach in this sync.
-        covered: BTreeMap<GroupId, u64>,
+        covered: SyncCoverage,
     },
     FalsePersisted {
         node: NodeId,
@@ -235,21 +235,22 @@ struct SimNode {
     /// What each group had synced and written when the node stopped, to
     /// check what the real storage brings back.
     restart_check: Option<BTreeMap<GroupId, crate::real_storage::Acknowledged>>,
-    /// One replica per hosted group.
-    replicas: BTreeMap<GroupId, Replica>,
+    /// One replica per hosted group, group g at index g - 1 (groups are
+    /// 1..=N; a vector keeps the per-message lookups cheap).
+    replicas: Vec<Replica>,
 }
 
 impl SimNode {
     fn running(&self) -> bool {
-        self.replicas.values().any(|r| r.engine.is_some())
+        self.replicas.iter().any(|r| r.engine.is_some())
     }
 
     fn replica(&self, group: GroupId) -> Option<&Replica> {
-        self.replicas.get(&group)
+        self.replicas.get(group_index(group)?)
     }
 
     fn replica_mut(&mut self, group: GroupId) -> Option<&mut Replica> {
-        self.replicas.get_mut(&group)
+        self.replicas.get_mut(group_index(group)?)
     }
 
     fn engine(&self, group: GroupId) -> Option<&RaftNode> {
@@ -257,9 +258,9 @@ impl SimNode {
     }
 
     fn initial_states(&self) -> BTreeMap<GroupId, DurableState> {
-        self.replicas
-            .iter()
-            .map(|(&group, r)| (group, r.initial.clone()))
+        (1..)
+            .zip(&self.replicas)
+            .map(|(group, r)| (group, r.initial.clone()))
             .collect()
     }
 }
@@ -352,8 +353,8 @@ pub struct Simulation {
     all_ids: Vec<NodeId>,
     net: Network,
     partition_generation: u64,
-    /// The Raft safety record of each group.
-    checkers: BTreeMap<GroupId, SafetyChecker>,
+    /// The Raft safety record of each group (group g at index g - 1).
+    checkers: Vec<SafetyChecker>,
     coverage: Coverage,
     /// The client history of each group.
     histories: BTreeMap<GroupId, History>,
@@ -387,7 +388,9 @@ pub struct Simulation {
     faults_seen: Option<Vec<(NodeId, GroupId, ferry_raft::Fault)>>,
     /// Messages handed to each (from, to, group)'s engine, for tests of the
     /// shared links.
-    delivered: BTreeMap<(NodeId, NodeId, GroupId), u64>,
+    /// Indexed by [`Simulation::delivered_slot`]; counted on every
+    /// delivery, so a flat vector rather than a map.
+    delivered: Vec<u64>,
 }
 
 fn retryable(error: &RequestError) -> bool {
@@ -487,6 +490,28 @@ pub fn describe_body(body: &MessageBody) -> String {
     }
 }
 
+/// A node (and, with several groups, its group) as failure details name
+/// it: "node 3" or "node 3 (group 2)". Formatted only when a detail is.
+#[derive(Clone, Copy, Debug)]
+struct Who {
+    id: NodeId,
+    group: Option<GroupId>,
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.group {
+            Some(group) => write!(f, "node {} (group {group})", self.id),
+            None => write!(f, "node {}", self.id),
+        }
+    }
+}
+
+/// Where group `group` sits in the per-group vectors (groups are 1..=N).
+fn group_index(group: GroupId) -> Option<usize> {
+    usize::try_from(group).ok()?.checked_sub(1)
+}
+
 /// The engine seed of one group's replica on a node: the node's seed for
 /// group 1 (as with one group), mixed with the group id for the others.
 fn group_seed(node_seed: u64, group: GroupId) -> u64 {
@@ -547,9 +572,9 @@ impl Simulation {
                     config.disk.sync_ticks_max,
                 )
             });
-            let replicas: BTreeMap<GroupId, Replica> = groups
+            let replicas: Vec<Replica> = groups
                 .iter()
-                .map(|&g| (g, Replica::new(initial.clone())))
+                .map(|_| Replica::new(initial.clone()))
                 .collect();
             nodes.insert(
                 id,
@@ -590,10 +615,7 @@ impl Simulation {
             all_ids,
             net,
             partition_generation: 0,
-            checkers: groups
-                .iter()
-                .map(|&g| (g, SafetyChecker::default()))
-                .collect(),
+            checkers: groups.iter().map(|_| SafetyChecker::default()).collect(),
             coverage: Coverage::default(),
             histories: groups.iter().map(|&g| (g, History::default())).collect(),
             group_rng,
@@ -614,8 +636,9 @@ impl Simulation {
             converged_after_us: None,
             repair: None,
             faults_seen: None,
-            delivered: BTreeMap::new(),
+            delivered: Vec::new(),
         };
+        sim.delivered = vec![0; sim.all_ids.len().pow(2) * sim.config.groups.max(1)];
         if sim.config.disk.real {
             sim.coverage.hit(Counter::RealStorageRun);
         }
@@ -784,7 +807,10 @@ impl Simulation {
     /// How many messages of `group` sent by `from` were handed to `to`'s
     /// engine (or its paused inbox) so far.
     pub fn delivered_messages(&self, from: NodeId, to: NodeId, group: GroupId) -> u64 {
-        self.delivered.get(&(from, to, group)).copied().unwrap_or(0)
+        self.delivered_slot(from, to, group)
+            .and_then(|slot| self.delivered.get(slot))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The first failure, if any.
@@ -984,20 +1010,39 @@ impl Simulation {
     }
 
     /// "node 3" for a one-group run, "node 3 (group 2)" otherwise.
-    fn who(&self, id: NodeId, group: GroupId) -> String {
-        if self.config.groups > 1 {
-            format!("node {id} (group {group})")
-        } else {
-            format!("node {id}")
+    fn who(&self, id: NodeId, group: GroupId) -> Who {
+        Who {
+            id,
+            group: (self.config.groups > 1).then_some(group),
         }
     }
 
     fn checker(&mut self, group: GroupId) -> &mut SafetyChecker {
-        self.checkers.entry(group).or_default()
+        let index = group_index(group).unwrap_or(0);
+        if self.checkers.len() <= index {
+            self.checkers.resize_with(index + 1, SafetyChecker::default);
+        }
+        &mut self.checkers[index]
     }
 
-    fn group_ids(&self) -> Vec<GroupId> {
-        self.config.group_ids()
+    /// Where the delivery count of (from, to, group) is kept, if the ids
+    /// are the run's.
+    fn delivered_slot(&self, from: NodeId, to: NodeId, group: GroupId) -> Option<usize> {
+        let nodes = self.all_ids.len();
+        let groups = self.config.groups.max(1);
+        let (from, to, group) = (
+            usize::try_from(from).ok()?.checked_sub(1)?,
+            usize::try_from(to).ok()?.checked_sub(1)?,
+            group_index(group)?,
+        );
+        (from < nodes && to < nodes && group < groups)
+            .then_some((from * nodes + to) * groups + group)
+    }
+
+    /// The groups every node hosts (ids 1..=groups), without allocating:
+    /// the clock and the connection events walk them on every tick.
+    fn group_ids(&self) -> std::ops::RangeInclusive<GroupId> {
+        1..=self.config.groups.max(1) as GroupId
     }
 
     fn storage_violation(&mut self, id: NodeId, (group, violation): GroupViolation) {
@@ -1161,11 +1206,18 @@ impl Simulation {
     /// Hands an input to one group on a node: at once if it runs, into its
     /// inbox if it is paused, nowhere if it is down.
     fn feed(&mut self, id: NodeId, group: GroupId, input: Input) {
+        let delivered_slot = match &input {
+            Input::Message(message) => self.delivered_slot(message.from, id, group),
+            _ => None,
+        };
         let Some(node) = self.nodes.get_mut(&id) else {
             return;
         };
         if !node.running() || node.replica(group).is_none() {
             return;
+        }
+        if let Some(count) = delivered_slot.and_then(|slot| self.delivered.get_mut(slot)) {
+            *count += 1;
         }
         if node.paused {
             if node.inbox.len() >= INBOX_MAX && matches!(input, Input::Message(_)) {
@@ -1247,7 +1299,11 @@ impl Simulation {
         );
         let (last_commit, last_applied) = (replica.last_commit, replica.last_applied);
         let who = self.who(id, group);
-        let checker = self.checkers.entry(group).or_default();
+        let index = group_index(group).unwrap_or(0);
+        if self.checkers.len() <= index {
+            self.checkers.resize_with(index + 1, SafetyChecker::default);
+        }
+        let checker = &mut self.checkers[index];
         let mut problem = None;
         if role == Role::Leader {
             if let Err(v) = checker.observe_leader(term, id) {
@@ -1481,7 +1537,7 @@ impl Simulation {
         };
         let completeness = self
             .checkers
-            .get(&group)
+            .get(group_index(group).unwrap_or(usize::MAX))
             .map_or(Ok(()), |c| c.check_leader_completeness(engine));
         if let Err(v) = completeness {
             let detail = format!("{}{v}", self.group_prefix(group));
@@ -1506,7 +1562,6 @@ impl Simulation {
             }
             let spread = self
                 .group_ids()
-                .into_iter()
                 .filter(|&g| g != group)
                 .any(|g| self.group_leader(g).is_some_and(|l| l != id));
             if spread {
@@ -1544,7 +1599,7 @@ impl Simulation {
                     let through = if self.config.groups > 1 {
                         format!("{covered:?}")
                     } else {
-                        covered.values().map(|s| s.to_string()).collect()
+                        covered.iter().map(|(_, s)| s.to_string()).collect()
                     };
                     self.fail(
                         FailureKind::Contract,
@@ -1585,7 +1640,7 @@ impl Simulation {
         let Some(synced) = node.disk.group(group).map(|d| d.synced()) else {
             return Ok(());
         };
-        let Some(checker) = self.checkers.get(&group) else {
+        let Some(checker) = group_index(group).and_then(|i| self.checkers.get(i)) else {
             return Ok(());
         };
         match &message.body {
@@ -1906,10 +1961,7 @@ impl Simulation {
                 {
                     return;
                 }
-                let (from, to, group) = (message.from, message.to, message.group);
-                if self.is_running(to) {
-                    *self.delivered.entry((from, to, group)).or_default() += 1;
-                }
+                let (to, group) = (message.to, message.group);
                 self.feed(to, group, Input::Message(message));
             }
             Event::FalsePersisted {
@@ -2129,14 +2181,14 @@ impl Simulation {
             return false;
         }
         if let Some(real) = node.real.as_mut() {
-            if let Some(replica) = node.replicas.get_mut(&group) {
+            if let Some(replica) = group_index(group).and_then(|i| node.replicas.get_mut(i)) {
                 replica.snapshot_attempt = Some((meta.clone(), data.clone()));
             }
             if let Err(e) = real.install_incoming(group, meta) {
                 self.storage_failed(id, e);
                 return false;
             }
-            if let Some(replica) = node.replicas.get_mut(&group) {
+            if let Some(replica) = group_index(group).and_then(|i| node.replicas.get_mut(i)) {
                 replica.snapshot_attempt = None;
             }
         }
