@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferry_server::connections::raise_open_files_limit;
 use ferry_server::member_id::Hex;
-use ferry_server::runtime::{start_node, MemberAddrs, NodeConfig};
+use ferry_server::node::{start_node, MemberAddrs, NodeConfig};
 
 /// Arguments of `ferry serve`. Every option may also come from a TOML file
 /// (`--config`); a flag given on the command line wins over the file.

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use ferry_sim::config::GROUPS_MAX;
 use ferry_sim::scenarios::{run_scenario, ScenarioOptions};
-use ferry_sim::sim::run_seed_in_groups;
-use ferry_sim::{CoverageSummary, SeedReport};
+use ferry_sim::sim::run_seed_in_groups_with;
+use ferry_sim::{CoverageSummary, QuiesceMode, SeedReport};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Arguments of `ferry sim`.
@@ -28,9 +28,16 @@ pub struct SimArgs {
     seed: Option<u64>,
     /// Run a named scenario (snapshot-requests, lost-leader-announcement,
     /// stale-snapshot-hint-zero, stale-data-directory,
-    /// idle-group-leader-crash).
+    /// idle-group-leader-crash, quiescent-leader-crash,
+    /// quiescent-follower-partition).
     #[arg(long)]
     scenario: Option<String>,
+    /// Which seeds run with quiescence (idle groups go quiet): off (every
+    /// seed exactly as before), on (every seed), or drawn (about half,
+    /// drawn per seed from a generator of its own, so that the seed's
+    /// other parameters are the same). With --groups, every group alike.
+    #[arg(long, value_enum, default_value_t = QuiesceArg::Off)]
+    quiesce: QuiesceArg,
     /// Founding voters (3, 5 or 7); drawn from each seed when absent.
     #[arg(long)]
     nodes: Option<usize>,
@@ -57,6 +64,36 @@ pub struct SimArgs {
     drop_snapshot_reports: bool,
 }
 
+/// `--quiesce`: which seeds run with quiescence on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuiesceArg {
+    /// Every seed exactly as before quiescence existed.
+    Off,
+    /// Every seed with quiescence on.
+    On,
+    /// About half the seeds, drawn per seed.
+    Drawn,
+}
+
+impl QuiesceArg {
+    fn mode(self) -> QuiesceMode {
+        match self {
+            QuiesceArg::Off => QuiesceMode::Off,
+            QuiesceArg::On => QuiesceMode::On,
+            QuiesceArg::Drawn => QuiesceMode::Drawn,
+        }
+    }
+
+    /// The flag as the replay command spells it (nothing for the default).
+    fn flag(self) -> &'static str {
+        match self {
+            QuiesceArg::Off => "",
+            QuiesceArg::On => " --quiesce on",
+            QuiesceArg::Drawn => " --quiesce drawn",
+        }
+    }
+}
+
 /// Runs `ferry sim`.
 pub fn run(args: SimArgs) -> ExitCode {
     if let Some(nodes) = args.nodes {
@@ -81,13 +118,20 @@ pub fn run(args: SimArgs) -> ExitCode {
         return scenario(name, options);
     }
     if let Some(seed) = args.seed {
-        return replay(seed, args.nodes, args.groups, args.trace);
+        return replay(seed, args.nodes, args.groups, args.trace, args.quiesce);
     }
     let count = args.seeds.unwrap_or(100);
-    sweep(args.from, count, args.nodes, args.groups, args.jobs)
+    sweep(
+        args.from,
+        count,
+        args.nodes,
+        args.groups,
+        args.jobs,
+        args.quiesce,
+    )
 }
 
-fn replay_command(seed: u64, nodes: Option<usize>, groups: usize) -> String {
+fn replay_command(seed: u64, nodes: Option<usize>, groups: usize, quiesce: QuiesceArg) -> String {
     let mut command = format!("ferry sim --seed {seed}");
     if let Some(n) = nodes {
         command.push_str(&format!(" --nodes {n}"));
@@ -95,13 +139,20 @@ fn replay_command(seed: u64, nodes: Option<usize>, groups: usize) -> String {
     if groups > 1 {
         command.push_str(&format!(" --groups {groups}"));
     }
+    command.push_str(quiesce.flag());
     command.push_str(" --trace");
     command
 }
 
-fn replay(seed: u64, nodes: Option<usize>, groups: usize, trace: bool) -> ExitCode {
+fn replay(
+    seed: u64,
+    nodes: Option<usize>,
+    groups: usize,
+    trace: bool,
+    quiesce: QuiesceArg,
+) -> ExitCode {
     install_quiet_panic_hook();
-    let report = run_seed_in_groups(seed, nodes, groups, trace);
+    let report = run_seed_in_groups_with(seed, nodes, groups, trace, quiesce.mode());
     let mut out = std::io::stdout().lock();
     if let Some(text) = &report.trace {
         let _ = out.write_all(text.as_bytes());
@@ -125,7 +176,8 @@ fn replay(seed: u64, nodes: Option<usize>, groups: usize, trace: bool) -> ExitCo
     if groups > 1 {
         let _ = writeln!(out, "multi-group coverage: {}", summary.multi_group());
     }
-    let config = ferry_sim::SimConfig::random(seed, nodes);
+    let mut config = ferry_sim::SimConfig::random(seed, nodes);
+    config.apply_quiesce(quiesce.mode());
     let _ = writeln!(out, "engine: {:?}", config.engine);
     let _ = writeln!(out, "network: {:?}", config.net);
     let _ = writeln!(out, "faults: {:?}", config.faults);
@@ -140,6 +192,14 @@ fn replay(seed: u64, nodes: Option<usize>, groups: usize, trace: bool) -> ExitCo
         let _ = writeln!(
             out,
             "groups: {groups} per node, idle (no clients): {idle:?}"
+        );
+    }
+    if report.quiesce {
+        // Every group's together.
+        let _ = writeln!(
+            out,
+            "quiescence: on, quiesce notices={} wake-ups={}",
+            report.quiesce_notices, report.wake_ups
         );
     }
     match &report.failure {
@@ -190,6 +250,7 @@ fn sweep(
     nodes: Option<usize>,
     groups: usize,
     jobs: Option<usize>,
+    quiesce: QuiesceArg,
 ) -> ExitCode {
     install_quiet_panic_hook();
     let jobs = jobs
@@ -221,7 +282,8 @@ fn sweep(
                     break;
                 }
                 let seed = from.wrapping_add(i);
-                let mut report = run_seed_in_groups(seed, nodes, groups, false);
+                let mut report =
+                    run_seed_in_groups_with(seed, nodes, groups, false, quiesce.mode());
                 // Keep what the summary needs; histories are large.
                 report.histories.clear();
                 if report.failure.is_some() {
@@ -256,7 +318,11 @@ fn sweep(
     let mut out = std::io::stdout().lock();
     for (seed, failure) in &failed {
         let _ = writeln!(out, "FAILED seed={seed}: {failure}");
-        let _ = writeln!(out, "  replay: {}", replay_command(*seed, nodes, groups));
+        let _ = writeln!(
+            out,
+            "  replay: {}",
+            replay_command(*seed, nodes, groups, quiesce)
+        );
     }
     let passed = results.len() as u64 - failed.len() as u64;
     // How many election timeouts convergence took once the faults stopped.
@@ -283,6 +349,21 @@ fn sweep(
         results.len() as f64 / seconds.max(1e-9)
     );
     let _ = writeln!(out, "coverage (seeds/events): {summary}");
+    if quiesce != QuiesceArg::Off {
+        // Printed only with quiescence asked for, so that the default
+        // sweep's output stays what it was; every group's together.
+        let on = results.iter().filter(|(_, r)| r.quiesce).count();
+        let quiet = results
+            .iter()
+            .filter(|(_, r)| r.quiesce_notices > 0)
+            .count();
+        let notices: u64 = results.iter().map(|(_, r)| r.quiesce_notices).sum();
+        let wake_ups: u64 = results.iter().map(|(_, r)| r.wake_ups).sum();
+        let _ = writeln!(
+            out,
+            "quiescence: on in {on} seeds, a group went quiet in {quiet}; quiesce notices={notices} wake-ups={wake_ups}"
+        );
+    }
     let mut gaps = summary.gaps();
     if groups > 1 {
         let _ = writeln!(

@@ -2018,7 +2018,7 @@ async fn a_forged_append_is_detected_and_the_member_refuses_clients_until_repair
 
     // The forgery: the leader's next entry, as the leader would send it.
     let forged = Message {
-        group: ferry_server::runtime::KV_GROUP,
+        group: ferry_server::node::KV_GROUP,
         from: leader,
         to: victim,
         term,

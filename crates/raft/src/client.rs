@@ -3,13 +3,15 @@
 //! gets exactly one answer: executed, forwarded (and the answer relayed),
 //! held until a leader is known (with a deadline), or a typed error.
 
+use crate::fault::TERM_MAX;
 use crate::io::Action;
 use crate::membership::MembershipChange;
 use crate::message::MessageBody;
 use crate::node::{HeldRequest, PendingRead, RaftNode, ReadOrigin, RoleState};
 use crate::quorum::{committed_index, is_quorum};
 use crate::request::{
-    ForwardedRequest, ReadConsistency, Request, RequestError, RequestId, Response,
+    CampaignOutcome, CampaignRefusal, ForwardedRequest, ReadConsistency, Request, RequestError,
+    RequestId, Response,
 };
 use crate::types::{EntryPayload, Index, NodeId};
 
@@ -49,7 +51,8 @@ impl RaftNode {
                 Request::Propose(_)
                 | Request::Read(_)
                 | Request::ChangeMembership(_)
-                | Request::TransferLeadership(_) => Err(RequestError::Removed),
+                | Request::TransferLeadership(_)
+                | Request::Campaign => Err(RequestError::Removed),
             };
             self.respond(id, result, actions);
             return;
@@ -58,6 +61,10 @@ impl RaftNode {
             Request::Status => {
                 let status = self.status();
                 self.respond(id, Ok(Response::Status(status)), actions);
+            }
+            Request::Campaign => {
+                let result = self.campaign_now(actions);
+                self.respond(id, result, actions);
             }
             Request::Read(ReadConsistency::Local { min_applied }) => {
                 // Served from the state last applied, also while a snapshot
@@ -139,7 +146,7 @@ impl RaftNode {
             Request::Read(ReadConsistency::Linearizable) => {
                 self.read_index(origin, deadline, actions)
             }
-            Request::Read(ReadConsistency::Local { .. }) | Request::Status => {
+            Request::Read(ReadConsistency::Local { .. }) | Request::Status | Request::Campaign => {
                 self.handle_client(id, request, deadline, actions)
             }
         }
@@ -183,8 +190,8 @@ impl RaftNode {
                     Request::TransferLeadership(target) => {
                         ForwardedRequest::TransferLeadership(*target)
                     }
-                    Request::Status => {
-                        debug_assert!(false, "status is answered locally");
+                    Request::Status | Request::Campaign => {
+                        debug_assert!(false, "status and campaign are answered locally");
                         return;
                     }
                 };
@@ -352,6 +359,34 @@ impl RaftNode {
             }
             result => self.respond(id, result, actions),
         }
+    }
+
+    /// `Request::Campaign`: an election now, if this node may campaign.
+    fn campaign_now(&mut self, actions: &mut Vec<Action>) -> Outcome {
+        let outcome = match &self.role {
+            RoleState::Leader(_) => CampaignOutcome::AlreadyLeader,
+            RoleState::PreCandidate(_) | RoleState::Candidate(_) => {
+                CampaignOutcome::AlreadyCampaigning
+            }
+            RoleState::Follower => {
+                let refusal = if !self.config.is_voter(self.options.id) {
+                    Some(CampaignRefusal::NotVoter)
+                } else if self.receiving.is_some() {
+                    Some(CampaignRefusal::ReceivingSnapshot)
+                } else if self.term >= TERM_MAX {
+                    Some(CampaignRefusal::TermExhausted)
+                } else {
+                    None
+                };
+                if let Some(reason) = refusal {
+                    return Err(RequestError::CannotCampaign { reason });
+                }
+                debug_assert!(self.can_campaign(), "every refusal is named above");
+                self.campaign(false, actions);
+                CampaignOutcome::Started
+            }
+        };
+        Ok(Response::Campaign(outcome))
     }
 
     // ----- proposals and membership, on the leader -----

@@ -38,6 +38,7 @@ impl RaftNode {
 
     fn become_pre_candidate(&mut self, actions: &mut Vec<Action>) {
         self.leave_leader(actions);
+        self.quiescent = false;
         self.leader = None;
         let mut votes = BTreeMap::new();
         votes.insert(self.options.id, true);
@@ -59,6 +60,7 @@ impl RaftNode {
 
     fn become_candidate(&mut self, transfer: bool, actions: &mut Vec<Action>) {
         self.leave_leader(actions);
+        self.quiescent = false;
         self.term += 1;
         self.vote = Some(self.options.id);
         self.leader = None;
@@ -223,6 +225,9 @@ impl RaftNode {
     ) {
         assert!(term >= self.term, "terms never go back");
         self.leave_leader(actions);
+        // Every role change starts with timers running: quiescence is
+        // entered only by an idle leader's notice, never carried across.
+        self.quiescent = false;
         if term > self.term {
             self.term = term;
             self.vote = None;
@@ -277,8 +282,11 @@ impl RaftNode {
             lease_not_before_tick: self.now_tick,
             unsent_entries: true,
             retiring: BTreeMap::new(),
+            idle_ticks: 0,
+            wake_heartbeat_due: false,
         };
         self.role = RoleState::Leader(Box::new(state));
+        self.quiescent = false;
         self.sync_progress_with_config();
         if let RoleState::Leader(state) = &mut self.role {
             for progress in state.progress.values_mut() {

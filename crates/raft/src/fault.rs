@@ -188,7 +188,17 @@ pub(crate) fn check_message(message: &Message) -> Result<(), Fault> {
                 SnapshotOutcome::Rejected => Ok(()),
             }
         }
+        MessageBody::Quiesce {
+            last_index,
+            last_term,
+            commit,
+        } => {
+            index("last index", *last_index)?;
+            term("last term", *last_term)?;
+            index("commit index", *commit)
+        }
         MessageBody::TimeoutNow
+        | MessageBody::WakeUp
         | MessageBody::Forward { .. }
         | MessageBody::ForwardResponse { .. } => Ok(()),
     }

@@ -117,18 +117,18 @@ impl RaftNode {
         }
     }
 
-    pub(crate) fn handle_heartbeat(
+    /// Takes a commit index from a heartbeat or a quiesce notice. The leader
+    /// caps it at what it knows matches here. Beyond our log, this log lost
+    /// entries it acknowledged: report it and take nothing. Otherwise take
+    /// it up to what an append of this leader showed matching (a log that
+    /// went backwards may hold other entries there); heartbeat answers
+    /// carry our last index so the leader can see.
+    pub(crate) fn take_leader_commit(
         &mut self,
         from: NodeId,
         leader_commit: Index,
-        read_seq: u64,
         actions: &mut Vec<Action>,
     ) {
-        // The leader caps leader_commit at what it knows matches here. Beyond
-        // our log, this log lost entries it acknowledged: report it and take
-        // nothing. Otherwise take it up to what an append of this leader
-        // showed matching (a log that went backwards may hold other entries
-        // there); the answer carries our last index so the leader can see.
         let last_index = self.log.last_index();
         if leader_commit > last_index {
             actions.push(Action::Fault(Fault::CommitBeyondLog {
@@ -139,6 +139,17 @@ impl RaftNode {
         } else if !self.installing_snapshot() {
             self.commit_to(leader_commit.min(self.leader_verified_index), actions);
         }
+    }
+
+    pub(crate) fn handle_heartbeat(
+        &mut self,
+        from: NodeId,
+        leader_commit: Index,
+        read_seq: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        self.take_leader_commit(from, leader_commit, actions);
+        let last_index = self.log.last_index();
         if read_seq == COMMIT_NOTICE_READ_SEQ {
             // A commit notice: the leader needs no answer.
             return;

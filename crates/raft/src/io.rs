@@ -64,9 +64,15 @@ pub enum Input {
         ok: bool,
     },
     /// The transport has (re)connected to a peer. The engine sends what that
-    /// peer needs to know now (its leadership, its candidacy).
+    /// peer needs to know now (its leadership, its candidacy); a quiescent
+    /// leader wakes.
     PeerConnected(NodeId),
-    /// The transport lost its connection to a peer.
+    /// The transport lost its connection to a peer, or the host stopped
+    /// hearing from the peer's node. With `Options::quiesce` on the host
+    /// must report this within a bounded time after it stops hearing from
+    /// the peer: a quiescent follower wakes on it when the peer is its
+    /// leader, and nothing else tells it that the leader of an idle group
+    /// died (see the crate docs, "Quiescence").
     PeerDisconnected(NodeId),
 }
 

@@ -200,9 +200,18 @@ impl RaftNode {
 
     pub(crate) fn tick_leader(&mut self, actions: &mut Vec<Action>) {
         let election_timeout = self.options.election_timeout_ticks;
+        let idle_long_enough = self.count_idle_tick();
         self.heartbeat_elapsed += 1;
         if self.heartbeat_elapsed >= self.options.heartbeat_interval_ticks {
             self.heartbeat_elapsed = 0;
+            if idle_long_enough {
+                // The notice takes the place of this heartbeat round; with
+                // the group idle there is no transfer, no retiring member
+                // and no snapshot transfer for the rest of this tick to
+                // advance, and check-quorum stops with the heartbeats.
+                self.quiesce_group(actions);
+                return;
+            }
             self.broadcast_heartbeat(actions);
         }
         // Check-quorum.
@@ -400,6 +409,7 @@ impl RaftNode {
         });
         if let Some(state) = self.leader_state_mut() {
             state.unsent_entries = true;
+            state.idle_ticks = 0;
         }
         index
     }
@@ -591,6 +601,14 @@ impl RaftNode {
     }
 
     pub(crate) fn handle_peer_connected(&mut self, peer: NodeId, actions: &mut Vec<Action>) {
+        if self
+            .leader_state()
+            .is_some_and(|s| s.progress.contains_key(&peer))
+        {
+            // The peer may be behind (it restarted, or missed the notice):
+            // a quiescent leader resumes its heartbeats for it.
+            self.wake(false, actions);
+        }
         match &mut self.role {
             RoleState::Leader(state) => {
                 let Some(progress) = state.progress.get_mut(&peer) else {
@@ -618,12 +636,19 @@ impl RaftNode {
         }
     }
 
-    pub(crate) fn handle_peer_disconnected(&mut self, peer: NodeId) {
+    pub(crate) fn handle_peer_disconnected(&mut self, peer: NodeId, actions: &[Action]) {
         if let Some(progress) = self
             .leader_state_mut()
             .and_then(|s| s.progress.get_mut(&peer))
         {
             progress.become_probe();
+        }
+        if self.quiescent && matches!(self.role, RoleState::Follower) && self.leader == Some(peer) {
+            // The liveness rule: a quiescent follower that loses its leader
+            // runs its election timer again, so that a dead leader of an
+            // idle group is replaced within the usual bound. It cannot tell
+            // the leader (the link is down).
+            self.wake(false, actions);
         }
     }
 

@@ -146,6 +146,143 @@
 //! `Removed`; requests it had already forwarded keep waiting for the
 //! leader's answer or their deadline (`Timeout`: the outcome is unknown).
 //!
+//! `Campaign` starts an election at once (a pre-vote round first when
+//! `pre_vote` is on, so a healthy leader keeps its group) and is answered
+//! at once, in every state: `Started` on a follower that may campaign,
+//! `AlreadyCampaigning` on a (pre-)candidate, `AlreadyLeader` on a leader;
+//! a learner, a follower receiving a snapshot and a node whose term is
+//! exhausted refuse with [`RequestError::CannotCampaign`] and its reason, a
+//! removed node with `Removed`, a halted one with `Halted`. It is never
+//! forwarded or held; the election's outcome shows in
+//! [`Action::RoleChanged`].
+//!
+//! ## Quiescence: idle groups cost almost nothing
+//!
+//! A process may host thousands of groups, most of them idle. With
+//! [`Options::quiesce`] on (off by default), an idle group goes quiet: its
+//! leader stops sending heartbeats and stops its check-quorum countdown,
+//! its followers stop their election timers, and a tick of a quiescent node
+//! only advances its clock ([`RaftNode::is_quiescent`] tells).
+//!
+//! ### Going quiet
+//!
+//! A leader's group is idle when nothing waits on the leader (no client
+//! request, read, forwarded request or leadership transfer), no membership
+//! change is under way (not joint, nothing uncommitted, no removed member
+//! still being told), every voter and learner has matched the whole log
+//! with nothing in flight and no snapshot transfer, the commit index is the
+//! last index and the leader's own copy is synced. Once the group has been
+//! idle, with no new request or entry, for at least
+//! `heartbeat_interval_ticks`, the leader sends
+//! [`MessageBody::Quiesce`] (its last index, that entry's term, its commit
+//! index) to every member in place of the next heartbeat round and goes
+//! quiet. A follower or learner that gets the notice follows the sender as
+//! for any message of a leader, takes the commit index as from a heartbeat,
+//! and stops its election timer if its log ends at the notice's (index,
+//! term), verified against this leader by an append since it (re)started,
+//! its commit index is the notice's, it receives no snapshot, no request of
+//! its own is waiting, and quiescence is on here too. Otherwise it answers
+//! [`MessageBody::WakeUp`], and the leader wakes and sends it an append
+//! (which verifies its log, so that it can go quiet next time).
+//!
+//! ### Waking
+//!
+//! * Any message but the notice wakes the node it reaches. A woken
+//!   follower tells its leader with `WakeUp`, unless the message came from
+//!   that leader or the same step sends the leader something anyway (a
+//!   forwarded request, a vote request).
+//! * A client request wakes the node it reaches; a follower that forwards
+//!   it wakes the leader with the forward itself. Requests that leave
+//!   nothing behind and need no timer do not wake: `Status`, a local read
+//!   that can be answered at once, a lease read refused at once, and
+//!   `Campaign` on a leader (a monitor polling status must not keep
+//!   thousands of idle groups awake).
+//! * A leader wakes on `PeerConnected` of a member (the peer may be behind:
+//!   it is probed with an append at once, as always).
+//! * Every role change (a new term, a campaign, stepping down) leaves the
+//!   quiescent sub-state; a membership change is a request or an entry and
+//!   wakes the group like them.
+//! * The liveness rule: `PeerDisconnected(leader)` on a quiescent follower
+//!   wakes it with its election timer running (it does not tell the
+//!   leader, which it cannot reach). A dead leader of an idle group is
+//!   thus replaced within the usual bound: the followers' timers fire
+//!   within `[election_timeout_ticks, 2 * election_timeout_ticks)` ticks of
+//!   the host reporting the leader gone, as they would after its last
+//!   heartbeat.
+//! * A woken leader sends a heartbeat round at once and starts a fresh
+//!   check-quorum window (it must hear from a quorum within an election
+//!   timeout of waking). A woken follower's election timer goes on from
+//!   where it stopped (the notice had reset it).
+//! * A follower that missed the notice (lost) keeps its timer running; when
+//!   it fires, its pre-vote wakes the others and the leader, who still
+//!   hold the leader's lease and refuse it: the group is awake again without
+//!   an election. (Without pre-vote the lost notice costs a term, as a run
+//!   of lost heartbeats does: use pre-vote with quiescence.)
+//!
+//! ### The host's part
+//!
+//! Nothing is sent in a quiet group, so no member can notice by itself
+//! that its leader died. With quiescence on, the host must report
+//! [`Input::PeerDisconnected`] to the groups that have that peer as a
+//! member within a bounded time after it stops hearing from the peer's
+//! node, and [`Input::PeerConnected`] when it hears from it again. That is
+//! a node-level liveness signal, one per pair of nodes (the transport's
+//! connection with keepalives, or a node heartbeat), not per group: with
+//! thousands of groups its cost does not grow with them. With a bound of
+//! `D`, a dead quiescent leader is replaced within `D` plus the usual
+//! election bound.
+//!
+//! Where the host cannot tell (a one-way cut, a link that holds messages,
+//! a paused peer whose connection stays up), an idle group need not
+//! notice: no member of a quiescent group has a request waiting (a member
+//! with one refuses to go quiet), so nothing is late while nobody notices.
+//! The first request at any member wakes that member, and from then on the
+//! normal Raft timers apply: if it hears no leader within an election
+//! timeout it campaigns, its vote requests wake the members it reaches, and
+//! their timers run too, exactly as in an awake group whose leader's
+//! heartbeats stopped; a leader that cannot reach a quorum steps down by
+//! check-quorum an election timeout after it woke. Messages a link held
+//! wake their receivers once released. (A member asked only through a
+//! leader it alone can reach behaves as in an awake group under the same
+//! cut: its requests time out and clients retry other members.) The
+//! simulator reports `PeerDisconnected` for crashes and for every partition
+//! that cuts a pair of nodes both ways, and nothing for one-way cuts,
+//! clogged links and pauses, so both cases are exercised.
+//!
+//! ### Why it is safe
+//!
+//! Quiescence only suppresses timers: the leader's heartbeat timer and
+//! check-quorum countdown, the followers' election timers. It never lets a
+//! node vote, append or commit differently: each decision is made by the
+//! same code on the same state (the node leaves the sub-state before it
+//! handles any message but the notice), and Raft's safety does not depend
+//! on timing. In detail:
+//!
+//! * Votes: a quiescent follower's time since it heard its leader is
+//!   frozen below the election timeout, so it refuses to help depose the
+//!   leader, exactly as an awake follower of that live, idle leader would
+//!   (it would be hearing its heartbeats). Refusing a vote is always safe,
+//!   and a woken follower's timer runs on, so the refusal ends an election
+//!   timeout after it woke.
+//! * Appends and commits: handled as without quiescence. The notice's
+//!   commit index is taken as a heartbeat's, capped at what an append of
+//!   this leader verified; the leader of an idle group has nothing
+//!   uncommitted.
+//! * Leases: a quiescent leader sends no rounds, so its lease runs out and
+//!   a lease read falls back to ReadIndex, which wakes it; a follower's
+//!   promise not to vote only lasts longer.
+//! * Check-quorum: a cut-off quiescent leader does not step down, but it
+//!   cannot commit or confirm a read without a quorum; on its first request
+//!   it wakes and steps down an election timeout later if no quorum
+//!   answers, while the followers that lost it elect another leader.
+//!
+//! In the simulator, `ferry sim --quiesce on` runs every seed with
+//! quiescence on and `--quiesce drawn` about half of them (a flag drawn
+//! from a stream of its own, so that a seed draws everything else as it
+//! always did); the default, `off`, runs every seed exactly as before. The
+//! scenarios `quiescent-leader-crash` and `quiescent-follower-partition`
+//! stage a dead quiescent leader and a partitioned quiescent follower.
+//!
 //! ## The state/request matrix
 //!
 //! What a node does with each kind of input in each role and sub-state.
@@ -160,17 +297,19 @@
 //! `become:R` = role change; `save-chunk` / `load-chunk` / `compact` =
 //! snapshot storage actions; `-` = nothing to do (see the notes below).
 //!
-//! | role / sub-state | RequestVote (newer term) | pre-vote RequestVote | RequestVoteResponse (granted) | Append | AppendResponse (success) | Heartbeat | HeartbeatResponse | SnapshotChunk (first) | SnapshotChunkAck | SnapshotResponse (installed) | TimeoutNow | Forward (proposal) | ForwardResponse (unknown id) | any message from an older term | Propose | Read Linearizable | Read Lease | Read Local | Read Local (min_applied ahead) | ChangeMembership | TransferLeadership | Status | Tick | Persisted | SnapshotBuilt | SnapshotChunkLoaded | SnapshotChunkSaved | PeerConnected | PeerDisconnected |
-//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-//! | follower | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `persist send:RequestVote become:Candidate` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | follower receiving snapshot | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `send:ChunkAck` | `-` | `-` |
-//! | pre-candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `-` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:PreVote` | `-` |
-//! | candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `send:Append persist become:Leader` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:RequestVote` | `-` |
-//! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
-//! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
-//! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | removed | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | halted | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `ok:Status` | `-` | `-` | `-` | `-` | `-` | `-` | `-` |
+//! | role / sub-state | RequestVote (newer term) | pre-vote RequestVote | RequestVoteResponse (granted) | Append | AppendResponse (success) | Heartbeat | HeartbeatResponse | SnapshotChunk (first) | SnapshotChunkAck | SnapshotResponse (installed) | TimeoutNow | Forward (proposal) | ForwardResponse (unknown id) | Quiesce | WakeUp | any message from an older term | Propose | Read Linearizable | Read Lease | Read Local | Read Local (min_applied ahead) | ChangeMembership | TransferLeadership | Campaign | Status | Tick | Persisted | SnapshotBuilt | SnapshotChunkLoaded | SnapshotChunkSaved | PeerConnected | PeerDisconnected |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+//! | follower | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `persist send:RequestVote become:Candidate` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `send:PreVote ok:Campaign(Started) become:PreCandidate` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | follower quiescent | `send:WakeUp wake` | `send:PreVoteRefused send:WakeUp wake` | `send:WakeUp wake` | `persist send:AppendOk wake` | `wake` | `send:HeartbeatResponse wake` | `wake` | `save-chunk wake` | `wake` | `wake` | `persist send:RequestVote become:Candidate wake` | `send:ForwardErr:NotLeader send:WakeUp wake` | `wake` | `-` | `wake` | `send:HeartbeatResponse wake` | `send:Forward wake held` | `send:Forward wake held` | `err:NotLeader` | `ok:ReadReady` | `send:WakeUp wake held` | `send:Forward wake held` | `send:Forward wake held` | `send:PreVote ok:Campaign(Started) become:PreCandidate wake` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `wake` |
+//! | follower receiving snapshot | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(ReceivingSnapshot)` | `ok:Status` | `-` | `-` | `compact` | `-` | `send:ChunkAck` | `-` | `-` |
+//! | pre-candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `-` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:PreVote` | `-` |
+//! | candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `send:Append persist become:Leader` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:RequestVote` | `-` |
+//! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
+//! | leader quiescent | `send:Heartbeat wake` | `send:PreVoteRefused send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Append send:Heartbeat wake` | `send:Heartbeat wake` | `send:ForwardOk send:Append send:Heartbeat persist wake` | `send:Heartbeat wake` | `-` | `send:Append send:Heartbeat wake` | `send:HeartbeatResponse send:Heartbeat wake` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:Heartbeat wake held` | `send:Heartbeat wake held` | `ok:ReadReady` | `send:Heartbeat wake held` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:TimeoutNow ok:TransferStarted send:Heartbeat wake` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:Append send:Heartbeat wake` | `-` |
+//! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
+//! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(NotVoter)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | removed | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
+//! | halted | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `ok:Status` | `-` | `-` | `-` | `-` | `-` | `-` | `-` |
 //!
 //! Notes on the `-` cells (inputs that need no action, and why that is safe):
 //!
@@ -212,6 +351,19 @@
 //!   the transfer (and tells the leader `Rejected`).
 //! * Misrouted messages (another group or node) are ignored: the runtime
 //!   routes by (group, to).
+//! * The quiescent rows (`wake` = the node leaves the sub-state, `quiesce`
+//!   = it enters it). On a quiescent follower, the notice again changes
+//!   nothing, and `Tick`, `Persisted`, the snapshot completions and
+//!   `PeerConnected` need no timer and do not wake (nothing waits on a
+//!   quiescent node); a `wake` without `send:WakeUp` is a message of its own
+//!   leader, which is awake then. On a quiescent leader, a notice of its
+//!   own term cannot come (one leader per term), and `PeerDisconnected`
+//!   only moves the peer to probe (the followers that lost it wake by their
+//!   own report).
+//! * `Quiesce` on a node with quiescence off (every row but the quiescent
+//!   ones), or that does not match: answered with `WakeUp`, so the leader
+//!   keeps its heartbeats going. `WakeUp` reaching a node that does not
+//!   lead: the follower that sent it runs its own timer.
 //! * Vote requests (pre-vote or not) from a node that is not a voter in the
 //!   configuration in force nor in the newest one in this node's log, and
 //!   whose log is no newer than this node's, are ignored and do not raise
@@ -223,6 +375,11 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+/// The `bytes` crate the engine's types use ([`bytes::Bytes`] in commands,
+/// snapshot chunks and messages), so that an embedder names
+/// `ferry_raft::bytes::Bytes` and never mixes two versions of it.
+pub use bytes;
 
 mod client;
 mod election;
@@ -236,6 +393,7 @@ pub mod message;
 pub mod node;
 pub mod options;
 pub mod progress;
+mod quiesce;
 pub mod quorum;
 pub mod request;
 #[cfg(any(test, feature = "testing"))]
@@ -250,7 +408,8 @@ pub use message::{AppendResult, Message, MessageBody, SnapshotOutcome, COMMIT_NO
 pub use node::{InitError, RaftNode};
 pub use options::Options;
 pub use request::{
-    ForwardedRequest, ReadConsistency, Request, RequestError, RequestId, Response, Role, Status,
+    CampaignOutcome, CampaignRefusal, ForwardedRequest, ReadConsistency, Request, RequestError,
+    RequestId, Response, Role, Status,
 };
 pub use types::{
     Entry, EntryPayload, GroupId, HardState, Index, NodeId, RestoredState, SnapshotMeta, Term,

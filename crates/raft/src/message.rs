@@ -134,6 +134,25 @@ pub enum MessageBody {
         /// The outcome.
         result: Result<Response, RequestError>,
     },
+    /// The leader of an idle group goes quiet (`Options::quiesce`): it sends
+    /// no heartbeats until something wakes it. A follower whose log ends at
+    /// (`last_index`, `last_term`), verified against this leader, and whose
+    /// commit index is `commit`, stops its election timer; any other
+    /// follower answers [`MessageBody::WakeUp`]. Not otherwise answered.
+    Quiesce {
+        /// The leader's last index (every member has matched it).
+        last_index: Index,
+        /// The term of the leader's entry at `last_index`.
+        last_term: Term,
+        /// The leader's commit index (equal to `last_index`).
+        commit: Index,
+    },
+    /// A follower asks its quiescent leader to resume heartbeats: it was
+    /// woken by something other than the leader (a client request, a
+    /// message from another member), or it could not go quiet on the
+    /// leader's [`MessageBody::Quiesce`]. The leader wakes and sends it an
+    /// append, so that its log is verified against the leader again.
+    WakeUp,
 }
 
 /// What a follower says about an append.

@@ -106,6 +106,13 @@ pub(crate) struct LeaderState {
     /// Former members still replicated to for a while, so that they learn
     /// the commit that removed them: peer -> ticks left.
     pub retiring: BTreeMap<NodeId, u32>,
+    /// (Quiescence.) Ticks in a row at which the group was idle, with no
+    /// client request or new entry since: the leader goes quiet once this
+    /// reaches a heartbeat interval.
+    pub idle_ticks: u32,
+    /// (Quiescence.) The leader woke: the flush at the end of the step
+    /// sends a heartbeat round, so that every member hears from it at once.
+    pub wake_heartbeat_due: bool,
 }
 
 /// A follower's snapshot being received.
@@ -218,6 +225,14 @@ pub struct RaftNode {
     pub(crate) receiving: Option<Receiving>,
     pub(crate) requests: PendingRequests,
     pub(crate) reported_role: Option<(Role, Term, Option<NodeId>)>,
+    /// The quiescent sub-state (see the crate docs, "Quiescence"): a leader
+    /// sends no heartbeats and counts no check-quorum, a follower runs no
+    /// election timer. Only ever set with `options.quiesce` on.
+    pub(crate) quiescent: bool,
+    /// (Follower.) It woke for a reason other than its leader: the leader it
+    /// followed then, and where this step's actions stood. The flush sends
+    /// that leader a `WakeUp` unless the step sent it something anyway.
+    pub(crate) wake_leader: Option<(NodeId, usize)>,
 }
 
 impl RaftNode {
@@ -283,6 +298,8 @@ impl RaftNode {
             receiving: None,
             requests: PendingRequests::default(),
             reported_role: None,
+            quiescent: false,
+            wake_leader: None,
             log,
             options,
         };
@@ -292,6 +309,12 @@ impl RaftNode {
 
     /// Feeds one input; appends the resulting actions to `actions`.
     pub fn step(&mut self, input: Input, actions: &mut Vec<Action>) {
+        if self.quiescent && matches!(input, Input::Tick) {
+            // A quiescent tick only keeps time: there is nothing to flush,
+            // and a host with thousands of idle groups ticks every one.
+            self.now_tick += 1;
+            return;
+        }
         self.handle(input, actions);
         self.flush(actions);
     }
@@ -317,9 +340,16 @@ impl RaftNode {
             return;
         }
         match input {
+            // A quiescent node has no timer running and nothing waiting on
+            // a deadline: it only keeps time.
+            Input::Tick if self.quiescent => self.now_tick += 1,
             Input::Tick => self.tick(actions),
             Input::Message(message) => self.handle_message(message, actions),
             Input::Client { id, request } => {
+                if self.request_wakes(&request) {
+                    self.wake(true, actions);
+                    self.note_leader_activity();
+                }
                 let deadline = self.now_tick + u64::from(self.options.request_timeout_ticks);
                 self.handle_client(id, request, deadline, actions);
             }
@@ -337,7 +367,7 @@ impl RaftNode {
                 ok,
             } => self.handle_chunk_saved(snapshot_index, offset, ok, actions),
             Input::PeerConnected(peer) => self.handle_peer_connected(peer, actions),
-            Input::PeerDisconnected(peer) => self.handle_peer_disconnected(peer),
+            Input::PeerDisconnected(peer) => self.handle_peer_disconnected(peer, actions),
         }
     }
 
@@ -356,7 +386,8 @@ impl RaftNode {
                     Request::Propose(_)
                     | Request::Read(_)
                     | Request::ChangeMembership(_)
-                    | Request::TransferLeadership(_) => Err(self.halted_error()),
+                    | Request::TransferLeadership(_)
+                    | Request::Campaign => Err(self.halted_error()),
                 };
                 actions.push(Action::Respond { id, result });
             }
@@ -388,6 +419,7 @@ impl RaftNode {
         }
         actions.push(Action::Fault(fault.clone()));
         self.halted = Some(fault);
+        self.quiescent = false;
         if !matches!(self.role, RoleState::Follower) || self.leader.is_some() {
             self.become_follower(self.term, None, actions);
         }
@@ -431,6 +463,13 @@ impl RaftNode {
             // Misrouted: not for this node of this group. The runtime routes
             // by (group, to); nothing here could answer it meaningfully.
             return;
+        }
+        if self.quiescent && !matches!(message.body, MessageBody::Quiesce { .. }) {
+            // Any message but the notice wakes the node. A follower tells its
+            // leader too unless the leader itself is the sender (then it is
+            // awake already).
+            let from_leader = self.leader == Some(message.from) && message.term == self.term;
+            self.wake(!from_leader, actions);
         }
         if let RoleState::Leader(leader) = &mut self.role {
             leader.fresh_round = None;
@@ -477,7 +516,8 @@ impl RaftNode {
                 }
                 MessageBody::Append { .. }
                 | MessageBody::Heartbeat { .. }
-                | MessageBody::SnapshotChunk { .. } => {
+                | MessageBody::SnapshotChunk { .. }
+                | MessageBody::Quiesce { .. } => {
                     self.become_follower(message.term, Some(from), actions);
                 }
                 MessageBody::RequestVote { .. }
@@ -487,6 +527,7 @@ impl RaftNode {
                 | MessageBody::SnapshotChunkAck { .. }
                 | MessageBody::SnapshotResponse { .. }
                 | MessageBody::TimeoutNow
+                | MessageBody::WakeUp
                 | MessageBody::Forward { .. }
                 | MessageBody::ForwardResponse { .. } => {
                     self.become_follower(message.term, None, actions);
@@ -496,7 +537,8 @@ impl RaftNode {
             match &message.body {
                 MessageBody::Append { .. }
                 | MessageBody::Heartbeat { .. }
-                | MessageBody::SnapshotChunk { .. } => {
+                | MessageBody::SnapshotChunk { .. }
+                | MessageBody::Quiesce { .. } => {
                     // A stale leader: tell it our term so it steps down.
                     let body = MessageBody::HeartbeatResponse {
                         read_seq: 0,
@@ -516,7 +558,8 @@ impl RaftNode {
                 | MessageBody::HeartbeatResponse { .. }
                 | MessageBody::SnapshotChunkAck { .. }
                 | MessageBody::SnapshotResponse { .. }
-                | MessageBody::TimeoutNow => {
+                | MessageBody::TimeoutNow
+                | MessageBody::WakeUp => {
                     // Answers to (or orders from) an older term: their sender
                     // has moved on; timers regenerate whatever is still needed.
                     return;
@@ -606,6 +649,16 @@ impl RaftNode {
                 outcome,
             } => self.handle_snapshot_response(from, snapshot_index, outcome, actions),
             MessageBody::TimeoutNow => self.handle_timeout_now(from, actions),
+            MessageBody::Quiesce {
+                last_index,
+                last_term,
+                commit,
+            } => {
+                if self.accept_leader_message(from, actions) {
+                    self.handle_quiesce(from, (last_index, last_term), commit, actions);
+                }
+            }
+            MessageBody::WakeUp => self.handle_wake_up(from, actions),
             MessageBody::Forward { id, request } => self.handle_forward(from, id, request, actions),
             MessageBody::ForwardResponse { id, result } => {
                 self.handle_forward_response(from, id, result, actions)
@@ -692,10 +745,15 @@ impl RaftNode {
     /// persist request, applies, role changes.
     fn flush(&mut self, actions: &mut Vec<Action>) {
         if let RoleState::Leader(leader) = &mut self.role {
+            let heartbeat = std::mem::take(&mut leader.wake_heartbeat_due);
             if std::mem::take(&mut leader.unsent_entries) {
                 self.broadcast_append(actions);
             }
+            if heartbeat {
+                self.broadcast_heartbeat(actions);
+            }
         }
+        self.flush_wake_up(actions);
         if self.needs_persist() {
             let entries = self.log.take_unpersisted();
             let hard_state = self.hard_state();
@@ -1025,6 +1083,12 @@ impl RaftNode {
     /// Whether this node halted the group.
     pub fn is_halted(&self) -> bool {
         self.halted.is_some()
+    }
+    /// Whether this node is quiescent: a leader that sends no heartbeats,
+    /// or a follower whose election timer is stopped (see the crate docs,
+    /// "Quiescence").
+    pub fn is_quiescent(&self) -> bool {
+        self.quiescent
     }
     /// The index up to which this node's own log is known durable.
     pub fn durable_index(&self) -> Index {

@@ -49,11 +49,21 @@ pub struct Options {
     /// Entries kept in the log behind a new snapshot, so that followers a
     /// little behind can still be sent entries rather than the snapshot.
     pub compaction_lag_entries: u64,
+    /// Let an idle group go quiet: its leader stops sending heartbeats and
+    /// counting check-quorum, its followers stop their election timers, and
+    /// ticks cost almost nothing until something wakes the group (see the
+    /// crate docs, "Quiescence"). Off by default. With it on, the host must
+    /// report [`crate::Input::PeerDisconnected`] within a bounded time after
+    /// it stops hearing from a peer node: that is how the followers of a
+    /// dead quiescent leader learn to hold an election. Set it alike on
+    /// every node of the group: a follower with it off refuses to go quiet
+    /// and asks the leader to keep its heartbeats going.
+    pub quiesce: bool,
 }
 
 impl Options {
     /// Defaults for node `id` of group `group`: election timeout 10 ticks,
-    /// heartbeat 1 tick, pre-vote and check-quorum on.
+    /// heartbeat 1 tick, pre-vote and check-quorum on, quiescence off.
     pub fn new(id: NodeId, group: GroupId) -> Self {
         Options {
             id,
@@ -72,6 +82,7 @@ impl Options {
             request_timeout_ticks: 50,
             pending_requests_max: 4096,
             compaction_lag_entries: 1000,
+            quiesce: false,
         }
     }
 }

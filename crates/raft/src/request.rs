@@ -28,6 +28,46 @@ pub enum Request {
     TransferLeadership(NodeId),
     /// Report this node's view of the group. Answered locally in every state.
     Status,
+    /// Start an election now (as etcd raft's `Campaign`), with a pre-vote
+    /// round first when `pre_vote` is on (so a healthy leader is not
+    /// deposed). Answered at once with [`Response::Campaign`], without
+    /// waiting for the election's outcome (watch
+    /// [`crate::Action::RoleChanged`]); a node that cannot campaign refuses
+    /// with [`RequestError::CannotCampaign`], a removed one with
+    /// [`RequestError::Removed`]. Never forwarded.
+    Campaign,
+}
+
+/// The answer to [`Request::Campaign`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CampaignOutcome {
+    /// This node started an election (a pre-vote round when `pre_vote` is on).
+    Started,
+    /// This node is already campaigning; that election goes on.
+    AlreadyCampaigning,
+    /// This node already leads the group.
+    AlreadyLeader,
+}
+
+/// Why a node cannot campaign.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CampaignRefusal {
+    /// It does not vote in the configuration in force (a learner).
+    NotVoter,
+    /// It is receiving a snapshot: its log is being replaced.
+    ReceivingSnapshot,
+    /// Its term reached [`crate::TERM_MAX`] (see [`crate::Fault::TermExhausted`]).
+    TermExhausted,
+}
+
+impl std::fmt::Display for CampaignRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CampaignRefusal::NotVoter => "it does not vote in the configuration in force",
+            CampaignRefusal::ReceivingSnapshot => "it is receiving a snapshot",
+            CampaignRefusal::TermExhausted => "its term cannot be incremented",
+        })
+    }
 }
 
 /// How fresh a read must be.
@@ -84,6 +124,8 @@ pub enum Response {
     TransferStarted,
     /// This node's view of the group.
     Status(Status),
+    /// The answer to [`Request::Campaign`].
+    Campaign(CampaignOutcome),
 }
 
 /// A node's view of its group, for status queries.
@@ -193,5 +235,11 @@ pub enum RequestError {
     Halted {
         /// The fault, in words.
         reason: String,
+    },
+    /// [`Request::Campaign`] on a node that cannot campaign.
+    #[error("this node cannot campaign: {reason}")]
+    CannotCampaign {
+        /// Why.
+        reason: CampaignRefusal,
     },
 }

@@ -79,3 +79,16 @@ fn persistence_gates_votes_and_acks() {
     c.step(leader, Input::Tick);
     assert!(c.raft(leader).term() > 0);
 }
+
+#[test]
+fn the_bytes_crate_is_re_exported_for_embedders() {
+    // An embedder names the engine's Bytes through the engine: one version.
+    let command: ferry_raft::bytes::Bytes = ferry_raft::bytes::Bytes::from_static(b"x=1");
+    let mut c = Cluster::new(&[1]);
+    let leader = c.elect();
+    let r = c.request(leader, Request::Propose(command));
+    assert!(matches!(
+        c.response(leader, r),
+        Some(Ok(Response::Proposed { .. }))
+    ));
+}

@@ -8,23 +8,25 @@ use bytes::Bytes;
 use ferry_raft::testing::test_options;
 use ferry_raft::{
     Action, AppendResult, Configuration, Entry, EntryPayload, HardState, Input, MembershipChange,
-    Message, MessageBody, RaftNode, ReadConsistency, Request, RequestId, RestoredState, Role,
-    SnapshotMeta, SnapshotOutcome,
+    Message, MessageBody, RaftNode, ReadConsistency, Request, RequestError, RequestId, Response,
+    RestoredState, Role, SnapshotMeta, SnapshotOutcome,
 };
 
-const ROWS: [&str; 9] = [
+const ROWS: [&str; 11] = [
     "follower",
+    "follower quiescent",
     "follower receiving snapshot",
     "pre-candidate",
     "candidate",
     "leader",
+    "leader quiescent",
     "leader transferring",
     "learner",
     "removed",
     "halted",
 ];
 
-const COLUMNS: [&str; 29] = [
+const COLUMNS: [&str; 32] = [
     "RequestVote (newer term)",
     "pre-vote RequestVote",
     "RequestVoteResponse (granted)",
@@ -38,6 +40,8 @@ const COLUMNS: [&str; 29] = [
     "TimeoutNow",
     "Forward (proposal)",
     "ForwardResponse (unknown id)",
+    "Quiesce",
+    "WakeUp",
     "any message from an older term",
     "Propose",
     "Read Linearizable",
@@ -46,6 +50,7 @@ const COLUMNS: [&str; 29] = [
     "Read Local (min_applied ahead)",
     "ChangeMembership",
     "TransferLeadership",
+    "Campaign",
     "Status",
     "Tick",
     "Persisted",
@@ -59,6 +64,13 @@ const COLUMNS: [&str; 29] = [
 fn options(id: u64) -> ferry_raft::Options {
     let mut o = test_options(id);
     o.lease_reads = true;
+    o
+}
+
+/// The options of the quiescent rows: quiescence on, the rest alike.
+fn quiesce_options(id: u64) -> ferry_raft::Options {
+    let mut o = options(id);
+    o.quiesce = true;
     o
 }
 
@@ -133,6 +145,98 @@ fn heartbeat_from_2(node: &mut RaftNode) {
     );
 }
 
+type OptionsFn = fn(u64) -> ferry_raft::Options;
+
+fn pre_candidate(options: OptionsFn) -> RaftNode {
+    let voters = Configuration::with_voters([1, 2, 3]);
+    let mut n = RaftNode::new(options(1), restored(voters, entries(3)), 1).unwrap();
+    while n.role() != Role::PreCandidate {
+        feed(&mut n, Input::Tick);
+    }
+    n
+}
+
+fn candidate(options: OptionsFn) -> RaftNode {
+    let mut n = pre_candidate(options);
+    feed(
+        &mut n,
+        msg(
+            2,
+            2,
+            MessageBody::RequestVoteResponse {
+                pre_vote: true,
+                granted: true,
+                commit: 0,
+                commit_term: 0,
+            },
+        ),
+    );
+    assert_eq!(n.role(), Role::Candidate);
+    n
+}
+
+/// A leader of term 2 whose no-op is committed. With `all_matched` both
+/// followers have the whole log (the group is idle); otherwise node 3 lags
+/// one entry behind and one heartbeat round answered by both makes the
+/// lease fresh.
+fn leader_node(options: OptionsFn, all_matched: bool) -> RaftNode {
+    let mut n = candidate(options);
+    feed(
+        &mut n,
+        msg(
+            2,
+            2,
+            MessageBody::RequestVoteResponse {
+                pre_vote: false,
+                granted: true,
+                commit: 0,
+                commit_term: 0,
+            },
+        ),
+    );
+    assert_eq!(n.role(), Role::Leader);
+    let last = n.last_index();
+    feed(
+        &mut n,
+        msg(
+            2,
+            2,
+            MessageBody::AppendResponse(AppendResult::Success { match_index: last }),
+        ),
+    );
+    let match_3 = if all_matched { last } else { last - 1 };
+    feed(
+        &mut n,
+        msg(
+            3,
+            2,
+            MessageBody::AppendResponse(AppendResult::Success {
+                match_index: match_3,
+            }),
+        ),
+    );
+    assert_eq!(n.commit_index(), last);
+    if all_matched {
+        return n;
+    }
+    feed(&mut n, Input::Tick);
+    for from in [2, 3] {
+        feed(
+            &mut n,
+            msg(
+                from,
+                2,
+                MessageBody::HeartbeatResponse {
+                    read_seq: 1,
+                    last_index: last,
+                    needs_append: false,
+                },
+            ),
+        );
+    }
+    n
+}
+
 fn make(row: &str) -> RaftNode {
     let voters = Configuration::with_voters([1, 2, 3]);
     match row {
@@ -164,93 +268,44 @@ fn make(row: &str) -> RaftNode {
             assert!(n.is_receiving_snapshot());
             n
         }
-        "pre-candidate" => {
-            let mut n = RaftNode::new(options(1), restored(voters, entries(3)), 1).unwrap();
-            while n.role() != Role::PreCandidate {
-                feed(&mut n, Input::Tick);
-            }
-            n
-        }
-        "candidate" => {
-            let mut n = make("pre-candidate");
+        "follower quiescent" => {
+            let mut n = RaftNode::new(quiesce_options(1), restored(voters, entries(3)), 1).unwrap();
+            // An append verifies the log against leader 2, then its notice.
             feed(
                 &mut n,
                 msg(
                     2,
-                    2,
-                    MessageBody::RequestVoteResponse {
-                        pre_vote: true,
-                        granted: true,
-                        commit: 0,
-                        commit_term: 0,
+                    1,
+                    MessageBody::Append {
+                        prev_log_index: 3,
+                        prev_log_term: 1,
+                        entries: Vec::new(),
+                        leader_commit: 3,
                     },
                 ),
             );
-            assert_eq!(n.role(), Role::Candidate);
-            n
-        }
-        "leader" => {
-            let mut n = make("candidate");
             feed(
                 &mut n,
                 msg(
                     2,
-                    2,
-                    MessageBody::RequestVoteResponse {
-                        pre_vote: false,
-                        granted: true,
-                        commit: 0,
-                        commit_term: 0,
+                    1,
+                    MessageBody::Quiesce {
+                        last_index: 3,
+                        last_term: 1,
+                        commit: 3,
                     },
                 ),
             );
-            assert_eq!(n.role(), Role::Leader);
-            let last = n.last_index();
-            feed(
-                &mut n,
-                msg(
-                    2,
-                    2,
-                    MessageBody::AppendResponse(AppendResult::Success { match_index: last }),
-                ),
-            );
-            feed(
-                &mut n,
-                msg(
-                    3,
-                    2,
-                    MessageBody::AppendResponse(AppendResult::Success {
-                        match_index: last - 1,
-                    }),
-                ),
-            );
-            // One heartbeat round answered by both: the lease is fresh.
+            assert!(n.is_quiescent(), "a matching follower goes quiet");
+            n
+        }
+        "pre-candidate" => pre_candidate(options),
+        "candidate" => candidate(options),
+        "leader" => leader_node(options, false),
+        "leader quiescent" => {
+            let mut n = leader_node(quiesce_options, true);
             feed(&mut n, Input::Tick);
-            feed(
-                &mut n,
-                msg(
-                    2,
-                    2,
-                    MessageBody::HeartbeatResponse {
-                        read_seq: 1,
-                        last_index: last,
-                        needs_append: false,
-                    },
-                ),
-            );
-            feed(
-                &mut n,
-                msg(
-                    3,
-                    2,
-                    MessageBody::HeartbeatResponse {
-                        read_seq: 1,
-                        last_index: last,
-                        needs_append: false,
-                    },
-                ),
-            );
-            assert_eq!(n.commit_index(), last);
+            assert!(n.is_quiescent(), "an idle leader goes quiet");
             n
         }
         "leader transferring" => {
@@ -436,6 +491,16 @@ fn input_for(column: &str, node: &RaftNode) -> Input {
             },
         ),
         "TimeoutNow" => msg(2, term, MessageBody::TimeoutNow),
+        "Quiesce" => msg(
+            2,
+            term,
+            MessageBody::Quiesce {
+                last_index: last,
+                last_term: node.term_at(last).unwrap_or(0),
+                commit: node.commit_index(),
+            },
+        ),
+        "WakeUp" => msg(2, term, MessageBody::WakeUp),
         "Forward (proposal)" => msg(
             3,
             term,
@@ -469,6 +534,7 @@ fn input_for(column: &str, node: &RaftNode) -> Input {
         })),
         "ChangeMembership" => client(Request::ChangeMembership(MembershipChange::AddLearner(4))),
         "TransferLeadership" => client(Request::TransferLeadership(3)),
+        "Campaign" => client(Request::Campaign),
         "Status" => client(Request::Status),
         "Tick" => Input::Tick,
         "Persisted" => Input::Persisted { seq: 1 },
@@ -523,6 +589,51 @@ fn body_name(body: &MessageBody) -> String {
         MessageBody::ForwardResponse { result: Err(e), .. } => {
             format!("ForwardErr:{}", error_name(e))
         }
+        MessageBody::Quiesce { .. } => "Quiesce".into(),
+        MessageBody::WakeUp => "WakeUp".into(),
+    }
+}
+
+/// The column each kind of input falls in. The matches are exhaustive, so
+/// a new input, message or request kind does not compile until it has a
+/// column (and with it a cell in every row of the documented matrix).
+fn column_of(input: &Input) -> &'static str {
+    match input {
+        Input::Tick => "Tick",
+        Input::Message(m) => match &m.body {
+            MessageBody::RequestVote { pre_vote: true, .. } => "pre-vote RequestVote",
+            MessageBody::RequestVote { .. } => "RequestVote (newer term)",
+            MessageBody::RequestVoteResponse { .. } => "RequestVoteResponse (granted)",
+            MessageBody::Append { .. } => "Append",
+            MessageBody::AppendResponse(_) => "AppendResponse (success)",
+            MessageBody::Heartbeat { .. } => "Heartbeat",
+            MessageBody::HeartbeatResponse { .. } => "HeartbeatResponse",
+            MessageBody::SnapshotChunk { .. } => "SnapshotChunk (first)",
+            MessageBody::SnapshotChunkAck { .. } => "SnapshotChunkAck",
+            MessageBody::SnapshotResponse { .. } => "SnapshotResponse (installed)",
+            MessageBody::TimeoutNow => "TimeoutNow",
+            MessageBody::Forward { .. } => "Forward (proposal)",
+            MessageBody::ForwardResponse { .. } => "ForwardResponse (unknown id)",
+            MessageBody::Quiesce { .. } => "Quiesce",
+            MessageBody::WakeUp => "WakeUp",
+        },
+        Input::Client { request, .. } => match request {
+            Request::Propose(_) => "Propose",
+            Request::Read(ReadConsistency::Linearizable) => "Read Linearizable",
+            Request::Read(ReadConsistency::Lease) => "Read Lease",
+            Request::Read(ReadConsistency::Local { min_applied: None }) => "Read Local",
+            Request::Read(ReadConsistency::Local { .. }) => "Read Local (min_applied ahead)",
+            Request::ChangeMembership(_) => "ChangeMembership",
+            Request::TransferLeadership(_) => "TransferLeadership",
+            Request::Campaign => "Campaign",
+            Request::Status => "Status",
+        },
+        Input::Persisted { .. } => "Persisted",
+        Input::SnapshotBuilt { .. } => "SnapshotBuilt",
+        Input::SnapshotChunkLoaded { .. } => "SnapshotChunkLoaded",
+        Input::SnapshotChunkSaved { .. } => "SnapshotChunkSaved",
+        Input::PeerConnected(_) => "PeerConnected",
+        Input::PeerDisconnected(_) => "PeerDisconnected",
     }
 }
 
@@ -539,6 +650,7 @@ fn error_name(e: &ferry_raft::RequestError) -> String {
 fn observe(node: &mut RaftNode, input: Input) -> String {
     let role_before = node.role();
     let pending_before = node.pending_request_count();
+    let quiescent_before = node.is_quiescent();
     let actions = feed(node, input);
     let mut parts: Vec<String> = Vec::new();
     let mut push = |s: String| {
@@ -549,6 +661,10 @@ fn observe(node: &mut RaftNode, input: Input) -> String {
     for action in &actions {
         match action {
             Action::Respond { id, result } if id.0 != 900 => match result {
+                Ok(Response::Campaign(outcome)) => push(format!("ok:Campaign({outcome:?})")),
+                Err(RequestError::CannotCampaign { reason }) => {
+                    push(format!("err:CannotCampaign({reason:?})"))
+                }
                 Ok(r) => push(format!(
                     "ok:{}",
                     format!("{r:?}").split([' ', '(', '{']).next().unwrap_or("")
@@ -570,6 +686,11 @@ fn observe(node: &mut RaftNode, input: Input) -> String {
     if node.role() != role_before {
         push(format!("become:{:?}", node.role()));
     }
+    match (quiescent_before, node.is_quiescent()) {
+        (true, false) => push("wake".into()),
+        (false, true) => push("quiesce".into()),
+        (true, true) | (false, false) => {}
+    }
     if node.pending_request_count() > pending_before {
         push("held".into());
     }
@@ -581,7 +702,7 @@ fn observe(node: &mut RaftNode, input: Input) -> String {
 }
 
 /// The documented outcomes (the crate docs render this table).
-const EXPECTED: [[&str; 29]; 9] = include!("matrix_expected.in");
+const EXPECTED: [[&str; 32]; 11] = include!("matrix_expected.in");
 
 #[test]
 fn every_role_and_input_has_its_documented_outcome() {
@@ -664,6 +785,24 @@ fn every_role_and_input_has_its_documented_outcome() {
             mismatches.len(),
             mismatches.join("\n")
         );
+    }
+}
+
+#[test]
+fn every_column_is_its_own_kind_of_input() {
+    // Each column's input falls in that column (so `column_of`, which
+    // names a column for every kind of input there is, covers the matrix).
+    let node = make("follower");
+    for column in COLUMNS {
+        let input = input_for(column, &node);
+        let kind = column_of(&input);
+        let expected = if column == "any message from an older term" {
+            "Heartbeat"
+        } else {
+            column
+        };
+        assert_eq!(kind, expected, "column {column}");
+        assert!(COLUMNS.contains(&kind));
     }
 }
 

@@ -6,20 +6,23 @@
 //! - [`command`]: the commands that go through the Raft log, and their codec.
 //! - [`watch`]: the watch hub.
 //! - [`lease`]: lease deadlines on the leader's clock.
-//! - [`member_id`]: member ids in hexadecimal, as people read them.
+//! - [`member_id`]: member ids in hexadecimal (from the runtime).
 //! - [`state`]: the state machine, watch hub and lease clock behind one lock.
 //! - [`backend`]: the trait the API is written against, and the in-process
 //!   single-node backend.
 //! - [`api`]: the etcd gRPC services.
 //! - [`authority`]: the repair of a URL sent as HTTP/2 `:authority` by etcd's
 //!   Go client, below the HTTP/2 server that would refuse it.
-//! - [`connections`]: what accepting connections may cost: limits per
-//!   listener and per address, idle client timeouts, and the split of the
-//!   process's file descriptors between connections and storage.
-//! - [`log_limit`]: rate limits for warnings a remote party can trigger.
-//! - [`peer`]: the TCP transport between nodes and the wire form of engine messages.
-//! - [`runtime`]: the node runtime: the driver task around the Raft engine,
-//!   the storage and the transport, and the [`backend::Backend`] it offers the API.
+//! - [`connections`]: idle client timeouts, with the runtime's limits per
+//!   listener and per address and the split of the process's file
+//!   descriptors between connections and storage.
+//! - [`log_limit`]: rate limits for warnings a remote party can trigger
+//!   (from the runtime).
+//! - [`peer`]: the TCP transport between nodes and the wire form of engine
+//!   messages (the runtime's [`ferry_runtime::transport`]).
+//! - [`node`]: the node: the key-value store run as one group on
+//!   `ferry-runtime`, its housekeeping, and the [`backend::Backend`] it
+//!   offers the API.
 
 #![warn(missing_docs)]
 
@@ -31,11 +34,11 @@ pub mod connections;
 pub mod error;
 pub mod kv_state;
 pub mod lease;
-pub mod log_limit;
-pub mod member_id;
 pub mod mvcc;
-pub mod peer;
-pub mod runtime;
+/// The peer transport, from the runtime.
+pub use ferry_runtime::transport as peer;
+pub use ferry_runtime::{log_limit, member_id};
+pub mod node;
 pub mod state;
 pub mod watch;
 

@@ -117,6 +117,9 @@ pub struct EngineConfig {
     pub compaction_lag_entries: u64,
     /// Leaders serve lease reads (clients ask for them on some reads).
     pub lease_reads: bool,
+    /// Idle groups go quiet (`ferry_raft::Options::quiesce`). Never drawn
+    /// by [`EngineConfig::random`]: see [`QuiesceMode`].
+    pub quiesce: bool,
 }
 
 impl EngineConfig {
@@ -137,6 +140,7 @@ impl EngineConfig {
             pending_requests_max: 1024,
             compaction_lag_entries: 2,
             lease_reads: false,
+            quiesce: false,
         }
     }
 
@@ -162,6 +166,8 @@ impl EngineConfig {
             compaction_lag_entries: rng.range(0, 20),
             // Drawn last in `SimConfig::random`, with the faults it allows.
             lease_reads: false,
+            // Set by `SimConfig::apply_quiesce`, from a stream of its own.
+            quiesce: false,
         }
     }
 
@@ -182,9 +188,29 @@ impl EngineConfig {
         options.request_timeout_ticks = self.request_timeout_ticks;
         options.pending_requests_max = self.pending_requests_max;
         options.compaction_lag_entries = self.compaction_lag_entries;
+        options.quiesce = self.quiesce;
         options
     }
 }
+
+/// Which seeds run with quiescence on (`ferry sim --quiesce`). A seed's
+/// other parameters are the same in every mode: `Drawn` takes its flag from
+/// a generator of its own, seeded from the seed, so the run's own
+/// generator draws exactly what it always did, and `Off` runs every seed
+/// exactly as before quiescence existed (the regression seeds too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuiesceMode {
+    /// Quiescence off on every seed (the default).
+    #[default]
+    Off,
+    /// Quiescence on for every seed.
+    On,
+    /// Quiescence on for about half the seeds, drawn per seed.
+    Drawn,
+}
+
+/// Mixed into the seed for the generator that draws [`QuiesceMode::Drawn`].
+const QUIESCE_STREAM: u64 = 0x0071_e5ce_5eed_0001;
 
 /// A deliberate runtime bug, to show that the checks catch its class
 /// (used by the simulator's own tests; never on in real runs).
@@ -342,6 +368,16 @@ impl SimConfig {
             config.allow_lease_reads();
         }
         config
+    }
+
+    /// Sets quiescence for this run by `mode` (drawing nothing from the
+    /// run's own generator).
+    pub fn apply_quiesce(&mut self, mode: QuiesceMode) {
+        self.engine.quiesce = match mode {
+            QuiesceMode::Off => false,
+            QuiesceMode::On => true,
+            QuiesceMode::Drawn => SimRng::new(self.seed ^ QUIESCE_STREAM).chance_percent(50),
+        };
     }
 
     /// Turns lease reads on, with the faults restricted to those under which

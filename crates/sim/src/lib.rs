@@ -97,11 +97,29 @@
 //!   its whole log, and every client operation has completed.
 //! - A panic anywhere is caught and fails the seed.
 //!
+//! ## Quiescence
+//! [`config::QuiesceMode`] decides which seeds run with idle groups going
+//! quiet (`ferry_raft::Options::quiesce`): `Off` (the default: every seed
+//! exactly as before), `On`, or `Drawn` (about half, from a generator of its
+//! own seeded from the seed, so that the seed's other parameters are those
+//! it always drew); `ferry sim --quiesce off|on|drawn`. With several groups
+//! per node the flag holds for every group's engine alike, and the
+//! quiescence draw, the seed's parameters and the choices only several
+//! groups need come from three separate generators, so that `--groups` and
+//! `--quiesce` combine without either changing what the other draws. The
+//! runtime reports `PeerDisconnected` for crashes and for partitions that
+//! cut a pair of nodes both ways (the host's part of the contract); one-way
+//! cuts, clogged links and pauses report nothing, which the engine must
+//! survive too (see ferry_raft's crate docs, "The host's part"). Quiesce
+//! notices and wake-ups are counted in the [`SeedReport`], summed over the
+//! groups, not as coverage counters, so that a run with quiescence off
+//! reports what it always did.
+//!
 //! [`scenarios`] stages the three field reports, a restored stale data
-//! directory and an idle group's leader crashing among busy groups;
-//! [`coverage`] counts what each seed exercised (the multi-group counters
-//! apart, [`Counter::MULTI_GROUP`]). `ferry sim` is the command-line front
-//! end.
+//! directory, an idle group's leader crashing among busy groups and two
+//! quiescence cases; [`coverage`] counts what each seed exercised (the
+//! multi-group counters apart, [`Counter::MULTI_GROUP`]). `ferry sim` is
+//! the command-line front end.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -120,6 +138,10 @@ pub mod state_machine;
 pub mod storage;
 
 pub use checks::{Failure, FailureKind};
+pub use config::QuiesceMode;
 pub use config::SimConfig;
 pub use coverage::{Counter, Coverage, CoverageSummary};
-pub use sim::{run_config, run_seed, run_seed_in_groups, SeedReport, Simulation};
+pub use sim::{
+    run_config, run_seed, run_seed_in_groups, run_seed_in_groups_with, run_seed_with, SeedReport,
+    Simulation,
+};

@@ -34,6 +34,19 @@
 //!   others by itself (nothing but its own timers can make it), group 1
 //!   must keep its leader and term, and once the node is back every group,
 //!   the idle one too, must converge.
+//!
+//! And two of quiescence (idle groups go quiet, `ferry_raft::Options::quiesce`):
+//!
+//! - `quiescent-leader-crash`: a group goes idle and quiet (no message for
+//!   many election timeouts), then its leader crashes. The transport
+//!   reports the leader gone; the followers' election timers run again and
+//!   a new leader is elected within the usual bound (the first campaign
+//!   within two election timeouts of the crash), and serves writes.
+//! - `quiescent-follower-partition`: a follower of a quiet group is cut
+//!   off. It wakes (its transport reports the leader gone) and campaigns in
+//!   vain, while the leader and the other follower stay quiet; once the
+//!   partition heals, the leader wakes, and a write through the follower
+//!   succeeds on every node, with no new election.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -56,6 +69,8 @@ pub const SCENARIOS: &[&str] = &[
     "stale-snapshot-hint-zero",
     "stale-data-directory",
     "idle-group-leader-crash",
+    "quiescent-leader-crash",
+    "quiescent-follower-partition",
 ];
 
 /// What a scenario run found.
@@ -107,6 +122,8 @@ pub fn run_scenario(
             "stale-snapshot-hint-zero" => stale_snapshot_hint_zero,
             "stale-data-directory" => stale_data_directory,
             "idle-group-leader-crash" => idle_group_leader_crash,
+            "quiescent-leader-crash" => quiescent_leader_crash,
+            "quiescent-follower-partition" => quiescent_follower_partition,
             _ => {
                 return Err(UnknownScenario {
                     name: name.to_string(),
@@ -118,6 +135,8 @@ pub fn run_scenario(
         "lost-leader-announcement" => lost_leader_announcement_config(),
         "stale-data-directory" => stale_data_directory_config(),
         "idle-group-leader-crash" => idle_group_leader_crash_config(),
+        "quiescent-leader-crash" => quiescent_config(11),
+        "quiescent-follower-partition" => quiescent_config(12),
         _ => stale_snapshot_hint_zero_config(),
     };
     config.trace = options.trace;
@@ -744,5 +763,199 @@ fn idle_group_leader_crash(
         "after the restart node {crashed} follows {:?} in group {idle}, applied {caught_up}",
         sim.group_engine(crashed, idle).and_then(|e| e.leader())
     ));
+    Ok(())
+}
+
+fn quiescent_config(seed: u64) -> SimConfig {
+    let mut config = SimConfig::quiet(seed, 3);
+    config.engine.quiesce = true;
+    config
+}
+
+/// Waits until every running voter is quiescent.
+fn wait_until_quiet(sim: &mut Simulation) -> Result<(), String> {
+    let voters = sim.config().voter_ids();
+    let quiet = sim.run_until_true(100 * TICK_US, TICK_US, |s| {
+        voters
+            .iter()
+            .all(|&n| s.engine(n).is_some_and(|e| e.is_quiescent()))
+    });
+    if quiet {
+        Ok(())
+    } else {
+        Err("the idle group did not go quiet within 100 ticks".to_string())
+    }
+}
+
+/// Counts the messages sent by the nodes `from` (all when empty) from now on.
+fn count_messages(sim: &mut Simulation, from: Vec<NodeId>) -> Rc<Cell<u64>> {
+    let count = Rc::new(Cell::new(0u64));
+    let seen = Rc::clone(&count);
+    sim.set_message_hook(Box::new(move |_, m| {
+        if from.is_empty() || from.contains(&m.from) {
+            seen.set(seen.get() + 1);
+        }
+        Interference::None
+    }));
+    count
+}
+
+fn quiescent_leader_crash(
+    sim: &mut Simulation,
+    notes: &mut Vec<String>,
+    _: ScenarioOptions,
+) -> Result<(), String> {
+    let election_us = u64::from(sim.config().engine.election_timeout_ticks) * TICK_US;
+    let leader = wait_for_leader(sim)?;
+    write_through(sim, leader, 3, 100)?;
+    wait_until_quiet(sim)?;
+    notes.push(format!(
+        "the group went quiet under leader {leader} at {}us",
+        sim.now_us()
+    ));
+    // Quiet: nothing at all is sent for many election timeouts.
+    let sent = count_messages(sim, Vec::new());
+    let until = sim.now_us() + 20 * election_us;
+    sim.run_until(until);
+    if sent.get() != 0 {
+        return Err(format!(
+            "the quiet group sent {} messages in 20 election timeouts",
+            sent.get()
+        ));
+    }
+    notes.push("no message in 20 election timeouts".to_string());
+    // The leader crashes; the transport of each follower reports it gone.
+    let first_campaign = Rc::new(Cell::new(None::<u64>));
+    let seen = Rc::clone(&first_campaign);
+    sim.set_message_hook(Box::new(move |now, m| {
+        if matches!(m.body, MessageBody::RequestVote { .. }) && seen.get().is_none() {
+            seen.set(Some(now));
+        }
+        Interference::None
+    }));
+    let crashed_at = sim.now_us();
+    sim.crash_node(leader);
+    let awake = sim
+        .config()
+        .voter_ids()
+        .into_iter()
+        .all(|n| n == leader || sim.engine(n).is_some_and(|e| !e.is_quiescent()));
+    if !awake {
+        return Err("a follower stayed quiet after its leader was reported gone".to_string());
+    }
+    // The usual bound: timers drawn from [T, 2T) start the first campaign
+    // within two election timeouts; allow a split vote or two after it.
+    let bound_us = 6 * election_us;
+    let elected = sim.run_until_true(bound_us, 100, |s| s.leader().is_some_and(|l| l != leader));
+    let campaign_us = first_campaign.get().map(|t| t.saturating_sub(crashed_at));
+    notes.push(format!(
+        "first campaign {campaign_us:?}us after the crash; a new leader {:?} after {}us (election timeout {election_us}us)",
+        sim.leader(),
+        sim.now_us() - crashed_at
+    ));
+    if campaign_us.is_none_or(|us| us >= 2 * election_us + TICK_US) {
+        return Err(format!(
+            "the first campaign came {campaign_us:?}us after the crash, beyond two election timeouts"
+        ));
+    }
+    let new_leader = sim
+        .leader()
+        .filter(|&l| elected && l != leader)
+        .ok_or_else(|| format!("no new leader within {bound_us}us of the crash"))?;
+    sim.clear_message_hook();
+    write_through(sim, new_leader, 3, 200)?;
+    if !sim.restart_node(leader) {
+        return Err("the old leader did not restart".to_string());
+    }
+    if !sim.run_liveness() {
+        return Err("the cluster did not converge after the crash".to_string());
+    }
+    Ok(())
+}
+
+fn quiescent_follower_partition(
+    sim: &mut Simulation,
+    notes: &mut Vec<String>,
+    _: ScenarioOptions,
+) -> Result<(), String> {
+    let election_us = u64::from(sim.config().engine.election_timeout_ticks) * TICK_US;
+    let leader = wait_for_leader(sim)?;
+    let voters = sim.config().voter_ids();
+    let [follower, other] = voters
+        .iter()
+        .copied()
+        .filter(|&n| n != leader)
+        .collect::<Vec<_>>()[..]
+    else {
+        return Err("not three voters".to_string());
+    };
+    write_through(sim, leader, 3, 100)?;
+    wait_until_quiet(sim)?;
+    let term = sim.engine(leader).map_or(0, |e| e.term());
+    let ids = sim.config().all_ids();
+    // Cut the follower off: its transport reports the leader gone (it
+    // wakes), the leader's reports the follower gone (it stays quiet).
+    let from_the_rest = count_messages(sim, vec![leader, other]);
+    sim.partition(Partition::isolate(&ids, follower));
+    let until = sim.now_us() + 5 * election_us;
+    sim.run_until(until);
+    let quiet_rest = [leader, other]
+        .iter()
+        .all(|&n| sim.engine(n).is_some_and(|e| e.is_quiescent()));
+    let woke = sim.engine(follower).is_some_and(|e| !e.is_quiescent());
+    notes.push(format!(
+        "follower {follower} cut off for 5 election timeouts: awake {woke}, role {:?}; the others quiet {quiet_rest}, {} messages from them",
+        sim.engine(follower).map(|e| e.role()),
+        from_the_rest.get()
+    ));
+    if !woke {
+        return Err(format!(
+            "follower {follower} stayed quiet although its leader was reported gone"
+        ));
+    }
+    if !quiet_rest || from_the_rest.get() != 0 {
+        return Err("the leader and the other follower did not stay quiet".to_string());
+    }
+    sim.clear_message_hook();
+    sim.partition(Partition::default());
+    let write = sim.scenario_write(0, 777);
+    let tag = sim.submit(follower, Request::Propose(write));
+    let answered = sim.run_until_true(100 * TICK_US, TICK_US, |s| s.probe_response(tag).is_some());
+    let answer = sim.probe_response(tag).cloned();
+    notes.push(format!(
+        "a write through follower {follower} after the heal: {answer:?}"
+    ));
+    let Some(Ok(Response::Proposed { index, .. })) = answer.clone().filter(|_| answered) else {
+        return Err(format!(
+            "the write through follower {follower} was answered {answer:?}"
+        ));
+    };
+    let applied = sim.run_until_true(100 * TICK_US, TICK_US, |s| {
+        voters.iter().all(|&n| {
+            s.machine(n)
+                .is_some_and(|m| m.applied() >= index && m.get(0) == Some(777))
+        })
+    });
+    if !applied {
+        return Err(format!(
+            "the write at {index} was not applied on every node"
+        ));
+    }
+    let terms: Vec<u64> = voters
+        .iter()
+        .map(|&n| sim.engine(n).map_or(0, |e| e.term()))
+        .collect();
+    if sim.leader() != Some(leader) || terms.iter().any(|&t| t != term) {
+        return Err(format!(
+            "a new election happened: leader {:?}, terms {terms:?}, expected {leader} in term {term}",
+            sim.leader()
+        ));
+    }
+    notes.push(format!(
+        "applied on every node at {index}; still leader {leader} in term {term}"
+    ));
+    if !sim.run_liveness() {
+        return Err("the cluster did not converge after the heal".to_string());
+    }
     Ok(())
 }

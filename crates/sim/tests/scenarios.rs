@@ -112,3 +112,13 @@ fn scenarios_are_deterministic() {
 fn unknown_scenarios_are_refused() {
     assert!(run_scenario("no-such-thing", ScenarioOptions::default()).is_err());
 }
+
+#[test]
+fn quiescent_leader_crash() {
+    assert_passes("quiescent-leader-crash");
+}
+
+#[test]
+fn quiescent_follower_partition() {
+    assert_passes("quiescent-follower-partition");
+}

@@ -2,7 +2,7 @@
 //! produce a linearizable history and converge once the faults stop. The
 //! sweep must also reach the situations it exists for.
 
-use ferry_sim::{run_seed, Counter, CoverageSummary};
+use ferry_sim::{run_seed, run_seed_with, Counter, CoverageSummary, QuiesceMode, SimConfig};
 
 const SEEDS: u64 = 600;
 
@@ -48,4 +48,57 @@ fn every_cluster_size_runs() {
             );
         }
     }
+}
+
+/// The same faults with quiescence on: every seed still passes, and idle
+/// groups do go quiet (and get woken) in most of them.
+#[test]
+fn random_seeds_with_quiescence_on() {
+    let seeds = 200;
+    let mut failures = Vec::new();
+    let mut quiet = 0;
+    for seed in 0..seeds {
+        let report = run_seed_with(seed, None, false, QuiesceMode::On);
+        assert!(report.quiesce);
+        if report.quiesce_notices > 0 {
+            quiet += 1;
+        }
+        if let Some(failure) = report.failure {
+            failures.push(format!(
+                "seed {seed}: {failure} (replay: ferry sim --seed {seed} --quiesce on --trace)"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {seeds} seeds failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        quiet > seeds / 2,
+        "a group went quiet in only {quiet} seeds"
+    );
+}
+
+/// `--quiesce drawn` turns quiescence on for some seeds without changing
+/// anything else a seed draws; `off` is exactly the seed as drawn before.
+#[test]
+fn the_quiescence_draw_leaves_every_other_parameter_alone() {
+    let mut on = 0;
+    for seed in 0..200 {
+        let plain = SimConfig::random(seed, None);
+        assert!(!plain.engine.quiesce);
+        let mut off = plain.clone();
+        off.apply_quiesce(QuiesceMode::Off);
+        assert_eq!(off, plain);
+        let mut drawn = plain.clone();
+        drawn.apply_quiesce(QuiesceMode::Drawn);
+        if drawn.engine.quiesce {
+            on += 1;
+        }
+        drawn.engine.quiesce = false;
+        assert_eq!(drawn, plain, "seed {seed}");
+    }
+    assert!((60..=140).contains(&on), "drawn on for {on} of 200 seeds");
 }

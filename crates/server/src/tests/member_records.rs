@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use super::helpers::*;
 use crate::command::{command, CommandKind};
 use crate::kv_state::{CommandResponse, KvLimits, KvState};
+use crate::node::MemberAddrs;
 use crate::pb::ferrypb::{Command, MemberRecordCommand};
-use crate::runtime::MemberAddrs;
 
 fn record(id: u64, name: &str, peer_addr: &str, client_url: &str) -> Command {
     command(CommandKind::MemberRecord(MemberRecordCommand {
@@ -100,11 +100,11 @@ fn recorded_addresses_override_those_given_at_start() {
     m.ok(record(1, "", "new:2380", ""));
     m.ok(record(4, "ferry-4", "ten:2380", ""));
     let records = m.kv.member_records();
-    let one = crate::runtime::member_addrs(&founding, records, 1).unwrap();
+    let one = crate::node::member_addrs(&founding, records, 1).unwrap();
     assert_eq!(one.peer_addr, "new:2380");
     assert_eq!(one.client_url, "http://old:2379");
-    let four = crate::runtime::member_addrs(&founding, records, 4).unwrap();
+    let four = crate::node::member_addrs(&founding, records, 4).unwrap();
     assert_eq!(four.peer_addr, "ten:2380");
     assert_eq!(four.client_url, "", "not published yet");
-    assert!(crate::runtime::member_addrs(&founding, records, 9).is_none());
+    assert!(crate::node::member_addrs(&founding, records, 9).is_none());
 }

@@ -32,7 +32,7 @@ use ferry_raft::{
 };
 
 use crate::checks::{Failure, FailureKind, SafetyChecker};
-use crate::config::{Sabotage, SimConfig, TICK_US};
+use crate::config::{QuiesceMode, Sabotage, SimConfig, TICK_US};
 use crate::coverage::{Counter, Coverage};
 use crate::history::{History, OpKind, Operation, Outcome};
 use crate::net::{DropReason, Network, Partition, SendOutcome};
@@ -340,6 +340,14 @@ pub struct SeedReport {
     pub converged_after_us: Option<u64>,
     /// The run's least election timeout, for scale.
     pub election_timeout_us: u64,
+    /// Whether the run had quiescence on.
+    pub quiesce: bool,
+    /// Quiesce notices the leaders sent (how often a group went quiet),
+    /// summed over the groups.
+    pub quiesce_notices: u64,
+    /// Wake-ups the followers sent to quiescent (or awake) leaders, summed
+    /// over the groups.
+    pub wake_ups: u64,
 }
 
 /// One simulated cluster.
@@ -391,6 +399,11 @@ pub struct Simulation {
     /// Indexed by [`Simulation::delivered_slot`]; counted on every
     /// delivery, so a flat vector rather than a map.
     delivered: Vec<u64>,
+    /// Quiesce notices and wake-ups sent, every group's together (counted,
+    /// not coverage counters, so that a run with quiescence off reports
+    /// exactly what it did before).
+    quiesce_notices: u64,
+    wake_ups: u64,
 }
 
 fn retryable(error: &RequestError) -> bool {
@@ -406,7 +419,8 @@ fn retryable(error: &RequestError) -> bool {
         | RequestError::MembershipChangePending
         | RequestError::InvalidMembershipChange { .. }
         | RequestError::LearnerNotCaughtUp { .. }
-        | RequestError::LeaseReadsDisabled => false,
+        | RequestError::LeaseReadsDisabled
+        | RequestError::CannotCampaign { .. } => false,
     }
 }
 
@@ -487,6 +501,12 @@ pub fn describe_body(body: &MessageBody) -> String {
         MessageBody::ForwardResponse { id, result } => {
             format!("ForwardResponse id={} {result:?}", id.0)
         }
+        MessageBody::Quiesce {
+            last_index,
+            last_term,
+            commit,
+        } => format!("Quiesce last=({last_index},{last_term}) commit={commit}"),
+        MessageBody::WakeUp => "WakeUp".to_string(),
     }
 }
 
@@ -637,6 +657,8 @@ impl Simulation {
             repair: None,
             faults_seen: None,
             delivered: Vec::new(),
+            quiesce_notices: 0,
+            wake_ups: 0,
         };
         sim.delivered = vec![0; sim.all_ids.len().pow(2) * sim.config.groups.max(1)];
         if sim.config.disk.real {
@@ -721,6 +743,9 @@ impl Simulation {
             trace: self.trace,
             converged_after_us: self.converged_after_us,
             election_timeout_us: u64::from(self.config.engine.election_timeout_ticks) * TICK_US,
+            quiesce: self.config.engine.quiesce,
+            quiesce_notices: self.quiesce_notices,
+            wake_ups: self.wake_ups,
         }
     }
 
@@ -1736,6 +1761,8 @@ impl Simulation {
                 SnapshotOutcome::Rejected => self.coverage.hit(Counter::SnapshotRejected),
                 SnapshotOutcome::Installed { .. } => {}
             },
+            MessageBody::Quiesce { .. } => self.quiesce_notices += 1,
+            MessageBody::WakeUp => self.wake_ups += 1,
             _ => {}
         }
         let interference = match &mut self.hook {
@@ -2240,19 +2267,46 @@ pub fn check_linearizable(history: &History) -> Result<(), String> {
 /// Runs one seed with random parameters and one group per node, catching
 /// panics.
 pub fn run_seed(seed: u64, voters: Option<usize>, trace: bool) -> SeedReport {
-    run_seed_in_groups(seed, voters, 1, trace)
+    run_seed_with(seed, voters, trace, QuiesceMode::Off)
+}
+
+/// Runs one seed with random parameters, one group per node and quiescence
+/// set by `quiesce`, catching panics.
+pub fn run_seed_with(
+    seed: u64,
+    voters: Option<usize>,
+    trace: bool,
+    quiesce: QuiesceMode,
+) -> SeedReport {
+    run_seed_in_groups_with(seed, voters, 1, trace, quiesce)
 }
 
 /// Runs one seed with random parameters and `groups` Raft groups per node
-/// (see [`SimConfig::with_groups`]), catching panics. With one group it is
-/// [`run_seed`], draw for draw.
+/// (see [`SimConfig::with_groups`]), quiescence off, catching panics. With
+/// one group it is [`run_seed`], draw for draw.
 pub fn run_seed_in_groups(
     seed: u64,
     voters: Option<usize>,
     groups: usize,
     trace: bool,
 ) -> SeedReport {
+    run_seed_in_groups_with(seed, voters, groups, trace, QuiesceMode::Off)
+}
+
+/// Runs one seed with random parameters, `groups` Raft groups per node and
+/// quiescence set by `quiesce` for every group's engine, catching panics.
+/// The seed's parameters, the choices only several groups need and the
+/// quiescence draw come from three separate generators, so that neither
+/// flag changes what the others draw.
+pub fn run_seed_in_groups_with(
+    seed: u64,
+    voters: Option<usize>,
+    groups: usize,
+    trace: bool,
+    quiesce: QuiesceMode,
+) -> SeedReport {
     let mut config = SimConfig::random(seed, voters).with_groups(groups);
+    config.apply_quiesce(quiesce);
     config.trace = trace;
     run_config(config)
 }
@@ -2309,6 +2363,9 @@ pub fn run_config(config: SimConfig) -> SeedReport {
                     trace: None,
                     converged_after_us: None,
                     election_timeout_us: 0,
+                    quiesce: false,
+                    quiesce_notices: 0,
+                    wake_ups: 0,
                 },
             };
             if let Some(trace) = &mut report.trace {

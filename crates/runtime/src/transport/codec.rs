@@ -14,8 +14,8 @@
 
 use bytes::Bytes;
 use ferry_raft::{
-    AppendResult, ForwardedRequest, MembershipChange, Message, MessageBody, RequestError,
-    RequestId, Response, Role, SnapshotOutcome, Status,
+    AppendResult, CampaignOutcome, CampaignRefusal, ForwardedRequest, MembershipChange, Message,
+    MessageBody, RequestError, RequestId, Response, Role, SnapshotOutcome, Status,
 };
 use ferry_storage::codec::{Decoder, Encoder, COMMAND_BYTES_MAX, ENTRY_BYTES_MIN};
 
@@ -227,6 +227,17 @@ fn put_body(out: &mut Encoder, body: &MessageBody) {
                 }
             }
         }
+        MessageBody::Quiesce {
+            last_index,
+            last_term,
+            commit,
+        } => {
+            out.u8(12);
+            out.u64(*last_index);
+            out.u64(*last_term);
+            out.u64(*commit);
+        }
+        MessageBody::WakeUp => out.u8(13),
     }
 }
 
@@ -261,6 +272,14 @@ fn put_response(out: &mut Encoder, response: &Response) {
             out.u64(status.applied);
             out.configuration(&status.config);
             put_bool(out, status.removed);
+        }
+        Response::Campaign(outcome) => {
+            out.u8(4);
+            out.u8(match outcome {
+                CampaignOutcome::Started => 0,
+                CampaignOutcome::AlreadyCampaigning => 1,
+                CampaignOutcome::AlreadyLeader => 2,
+            });
         }
     }
 }
@@ -299,6 +318,14 @@ fn put_error(out: &mut Encoder, error: &RequestError) {
         RequestError::Halted { reason } => {
             out.u8(11);
             out.bytes(reason.as_bytes());
+        }
+        RequestError::CannotCampaign { reason } => {
+            out.u8(12);
+            out.u8(match reason {
+                CampaignRefusal::NotVoter => 0,
+                CampaignRefusal::ReceivingSnapshot => 1,
+                CampaignRefusal::TermExhausted => 2,
+            });
         }
     }
 }
@@ -477,6 +504,12 @@ impl Reader {
                 };
                 MessageBody::ForwardResponse { id, result }
             }
+            (12, _) => MessageBody::Quiesce {
+                last_index: self.0.u64()?,
+                last_term: self.0.u64()?,
+                commit: self.0.u64()?,
+            },
+            (13, _) => MessageBody::WakeUp,
             (tag, at) => {
                 return Err(DecodeError::UnknownTag {
                     what: "message kind (is the peer running another ferry version?)",
@@ -524,6 +557,18 @@ impl Reader {
                 config: self.0.configuration()?,
                 removed: self.bool("removed")?,
             }),
+            (4, _) => Response::Campaign(match self.tag()? {
+                (0, _) => CampaignOutcome::Started,
+                (1, _) => CampaignOutcome::AlreadyCampaigning,
+                (2, _) => CampaignOutcome::AlreadyLeader,
+                (tag, at) => {
+                    return Err(DecodeError::UnknownTag {
+                        what: "campaign outcome",
+                        tag,
+                        at,
+                    })
+                }
+            }),
             (tag, at) => {
                 return Err(DecodeError::UnknownTag {
                     what: "response",
@@ -559,6 +604,20 @@ impl Reader {
             (10, _) => RequestError::LeaseReadsDisabled,
             (11, _) => RequestError::Halted {
                 reason: self.string("reason", REASON_BYTES_MAX)?,
+            },
+            (12, _) => RequestError::CannotCampaign {
+                reason: match self.tag()? {
+                    (0, _) => CampaignRefusal::NotVoter,
+                    (1, _) => CampaignRefusal::ReceivingSnapshot,
+                    (2, _) => CampaignRefusal::TermExhausted,
+                    (tag, at) => {
+                        return Err(DecodeError::UnknownTag {
+                            what: "campaign refusal",
+                            tag,
+                            at,
+                        })
+                    }
+                },
             },
             (tag, at) => {
                 return Err(DecodeError::UnknownTag {
@@ -715,7 +774,25 @@ mod tests {
                 id: RequestId(9),
                 result: Ok(Response::Status(status)),
             },
+            MessageBody::Quiesce {
+                last_index: 40,
+                last_term: 9,
+                commit: 40,
+            },
+            MessageBody::WakeUp,
         ];
+        bodies.extend(
+            [
+                CampaignOutcome::Started,
+                CampaignOutcome::AlreadyCampaigning,
+                CampaignOutcome::AlreadyLeader,
+            ]
+            .into_iter()
+            .map(|outcome| MessageBody::ForwardResponse {
+                id: RequestId(10),
+                result: Ok(Response::Campaign(outcome)),
+            }),
+        );
         let errors = [
             RequestError::NotLeader { leader: Some(1) },
             RequestError::NotLeader { leader: None },
@@ -737,6 +814,15 @@ mod tests {
             RequestError::LeaseReadsDisabled,
             RequestError::Halted {
                 reason: "a log conflict".into(),
+            },
+            RequestError::CannotCampaign {
+                reason: CampaignRefusal::NotVoter,
+            },
+            RequestError::CannotCampaign {
+                reason: CampaignRefusal::ReceivingSnapshot,
+            },
+            RequestError::CannotCampaign {
+                reason: CampaignRefusal::TermExhausted,
             },
         ];
         bodies.extend(
@@ -793,6 +879,23 @@ mod tests {
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
             let _ = decode_message(&Bytes::from(bytes));
         }
+    }
+
+    #[test]
+    fn the_quiesce_notice_and_the_wake_up_round_trip_with_their_fields() {
+        let notice = message(MessageBody::Quiesce {
+            last_index: 1 << 40,
+            last_term: 77,
+            commit: (1 << 40) - 1,
+        });
+        let bytes = encode_message(&notice);
+        // Header (four u64), the kind tag, three u64 fields.
+        assert_eq!(bytes.len(), 4 * 8 + 1 + 3 * 8);
+        assert_eq!(decode_message(&bytes), Ok(notice));
+        let wake = message(MessageBody::WakeUp);
+        let bytes = encode_message(&wake);
+        assert_eq!(bytes.len(), 4 * 8 + 1);
+        assert_eq!(decode_message(&bytes), Ok(wake));
     }
 
     #[test]

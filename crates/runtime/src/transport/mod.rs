@@ -19,9 +19,9 @@
 pub mod codec;
 pub mod frame;
 pub mod handshake;
-pub mod transport;
+pub mod tcp;
 
 pub use codec::{decode_message, encode_message, DecodeError};
 pub use frame::{FrameError, FRAME_BYTES_MAX_DEFAULT};
 pub use handshake::{HandshakeError, Hello};
-pub use transport::{Transport, TransportConfig, TransportError, TransportEvent};
+pub use tcp::{BufferLease, Transport, TransportConfig, TransportError, TransportEvent};

@@ -1,15 +1,14 @@
-//! The etcd API's [`Backend`] on top of the driver: calls become engine
-//! requests on the driver's channel and wait for their answers.
+//! The etcd API's [`Backend`] on top of the runtime: calls become requests
+//! on the key-value group's handle and wait for their answers.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
-
-use ferry_raft::{MembershipChange, NodeId};
+use ferry_raft::{MembershipChange, NodeId, ReadConsistency, RequestError};
+use ferry_runtime::{GroupError, GroupHandle, NodeHost};
 
 use super::config::NodeConfig;
-use super::driver::{Call, NodeView};
+use super::machine::KvMachine;
 use crate::backend::{Backend, NodeStatus};
 use crate::command::encode_command;
 use crate::error::ApiError;
@@ -25,11 +24,15 @@ const LEASE_FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often a membership change checks whether joint consensus is over.
 const JOINT_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
+/// The way back for a member whose log contradicts its group's.
+const REPAIR_HINT: &str = "stop it, move its data directory aside, remove it with `etcdctl member remove`, \
+     then add it back as a new member (`etcdctl member add --learner`) and start it empty with --join";
+
 /// The backend of a Raft-replicated node.
 pub struct RaftBackend {
     state: Arc<SharedState>,
-    calls: mpsc::Sender<Call>,
-    view: Arc<Mutex<NodeView>>,
+    group: GroupHandle<KvMachine>,
+    host: NodeHost,
     config: NodeConfig,
     clock_origin: Instant,
     member_add_lock: tokio::sync::Mutex<()>,
@@ -46,15 +49,15 @@ impl std::fmt::Debug for RaftBackend {
 impl RaftBackend {
     pub(crate) fn new(
         state: Arc<SharedState>,
-        calls: mpsc::Sender<Call>,
-        view: Arc<Mutex<NodeView>>,
+        group: GroupHandle<KvMachine>,
+        host: NodeHost,
         config: NodeConfig,
         clock_origin: Instant,
     ) -> RaftBackend {
         RaftBackend {
             state,
-            calls,
-            view,
+            group,
+            host,
             config,
             clock_origin,
             member_add_lock: tokio::sync::Mutex::new(()),
@@ -65,20 +68,14 @@ impl RaftBackend {
         u64::try_from(self.clock_origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Sends a call to the driver and waits for its answer, at most the
-    /// request timeout (then the outcome is unknown: `Timeout`).
+    /// Waits for a call on the group, at most the request timeout (then
+    /// the outcome is unknown: `Timeout`).
     async fn call<T>(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Call,
+        call: impl std::future::Future<Output = Result<T, GroupError>>,
     ) -> Result<T, ApiError> {
-        let (reply, answer) = oneshot::channel();
-        self.calls
-            .send(make(reply))
-            .await
-            .map_err(|_| ApiError::Stopped)?;
-        match tokio::time::timeout(self.config.request_timeout, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(ApiError::Stopped),
+        match tokio::time::timeout(self.config.request_timeout, call).await {
+            Ok(result) => result.map_err(api_error),
             Err(_) => Err(ApiError::Timeout),
         }
     }
@@ -154,12 +151,7 @@ impl RaftBackend {
     /// the group without a quorum of live voters, and so without a leader,
     /// until the new member starts, which it may never do.
     fn check_quorum_after_add(&self, config: &ferry_raft::Configuration) -> Result<(), ApiError> {
-        let connected = self
-            .view
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .connected
-            .clone();
+        let connected = self.host.connected_peers();
         let me = self.config.node_id;
         let voters: std::collections::BTreeSet<NodeId> = config
             .voters
@@ -175,11 +167,7 @@ impl RaftBackend {
     }
 
     fn state_config(&self) -> ferry_raft::Configuration {
-        self.view
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .config
-            .clone()
+        self.group.view_with(|view| view.config.clone())
     }
 
     /// Runs a membership change and answers with the members once the
@@ -188,10 +176,9 @@ impl RaftBackend {
     /// the request timeout) until this node's configuration is no longer
     /// joint. etcd answers with the members after the change.
     async fn change_membership(&self, change: MembershipChange) -> Result<Vec<Member>, ApiError> {
-        self.call(|reply| Call::ChangeMembership { change, reply })
-            .await?;
+        self.call(self.group.change_membership(change)).await?;
         let deadline = Instant::now() + self.config.request_timeout;
-        while self.state_config().is_joint() {
+        while self.group.view_with(|view| view.config.is_joint()) {
             if Instant::now() >= deadline {
                 return Err(ApiError::Timeout);
             }
@@ -208,11 +195,15 @@ impl Backend for RaftBackend {
 
     async fn propose(&self, command: Command) -> Result<CommandResponse, ApiError> {
         let command = encode_command(&command);
-        self.call(|reply| Call::Propose { command, reply }).await
+        self.call(self.group.propose(command))
+            .await?
+            .map_err(ApiError::from)
     }
 
     async fn read_index(&self) -> Result<(), ApiError> {
-        self.call(|reply| Call::ReadIndex { reply }).await
+        self.call(self.group.read_barrier(ReadConsistency::Linearizable))
+            .await
+            .map(|_| ())
     }
 
     async fn lease_keep_alive(&self, id: i64) -> Result<Option<i64>, ApiError> {
@@ -375,11 +366,62 @@ impl Backend for RaftBackend {
     }
 
     fn status(&self) -> NodeStatus {
-        self.view
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .status
-            .clone()
+        let me = self.config.node_id;
+        let mut status = self.group.view_with(|view| NodeStatus {
+            cluster_id: self.config.cluster_id,
+            member_id: me,
+            leader_id: view.leader.unwrap_or(0),
+            raft_term: view.term,
+            raft_index: view.last_index,
+            raft_applied_index: view.applied,
+            is_learner: view.config.is_learner(me),
+            removed: view.removed,
+            halted: view.halted.clone(),
+            errors: Vec::new(),
+        });
+        if status.removed {
+            status
+                .errors
+                .push("this member has been removed from the cluster".into());
+        }
+        if let Some(fault) = &status.halted {
+            status.errors.push(format!(
+                "this member halted on a detected fault: {fault}; {REPAIR_HINT}"
+            ));
+        }
+        status.errors.extend(self.host.troubles());
+        status
+    }
+}
+
+/// The API's error for a failed call on the group.
+fn api_error(error: GroupError) -> ApiError {
+    match error {
+        GroupError::Engine(error) => match error {
+            RequestError::NotLeader { .. } | RequestError::NoLeader => ApiError::NoLeader,
+            RequestError::LeadershipLost => ApiError::NoLeader,
+            RequestError::Timeout => ApiError::Timeout,
+            RequestError::LearnerNotCaughtUp { .. } => ApiError::LearnerNotReady,
+            RequestError::Removed => ApiError::Removed,
+            RequestError::Halted { reason } => ApiError::Halted(reason),
+            RequestError::Busy { .. }
+            | RequestError::MembershipChangePending
+            | RequestError::InvalidMembershipChange { .. }
+            | RequestError::TransferInProgress
+            | RequestError::CannotCampaign { .. }
+            | RequestError::LeaseReadsDisabled => ApiError::Internal(error.to_string()),
+        },
+        // A new leader replaced the entry: it was not applied (etcd answers
+        // a proposal lost to a leader change the same way).
+        GroupError::Dropped => ApiError::NoLeader,
+        GroupError::NotRunning { .. } => ApiError::Stopped,
+        // The key-value machine is in memory: its responses are never lost
+        // this way, but the outcome is unknown to the caller.
+        GroupError::AppliedWithoutAnswer => ApiError::Timeout,
+        GroupError::AlreadyRunning { .. }
+        | GroupError::Start { .. }
+        | GroupError::Storage { .. }
+        | GroupError::WrongMachine { .. } => ApiError::Internal(error.to_string()),
     }
 }
 

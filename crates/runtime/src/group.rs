@@ -1,0 +1,850 @@
+//! One Raft group on a worker: its engine, its machine, and the callers
+//! waiting on it. Carries out every action the engine returns.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use ferry_raft::{
+    Action, CampaignOutcome, Entry, EntryPayload, GroupId, Index, Input, MembershipChange, Message,
+    NodeId, RaftNode, ReadConsistency, Request, RequestError, RequestId, Response, Role, Status,
+    Term,
+};
+
+use crate::error::GroupError;
+use crate::log_limit::LogLimiter;
+use crate::log_task::LogRequest;
+use crate::machine::{BytesSnapshot, Command, Durability, GroupEvent, StateMachine};
+use crate::snapshot_policy::SnapshotPolicy;
+use crate::stream::Outbound;
+use crate::transport::codec::encode_message;
+use crate::view::GroupView;
+use crate::worker::{Completion, GroupRun, Outbox, Workers};
+use crate::Links;
+
+/// Ticks before a local snapshot that failed for lack of descriptors or
+/// space is tried again: it costs a pass over the state, and the log keeps
+/// every entry meanwhile.
+const SNAPSHOT_RETRY_TICKS: u64 = 50;
+
+/// A call from a [`crate::GroupHandle`] for a group of machine `M`.
+pub(crate) enum Call<M: StateMachine> {
+    Propose {
+        command: Bytes,
+        reply: oneshot::Sender<Result<M::Response, GroupError>>,
+    },
+    Query {
+        query: M::Query,
+        consistency: ReadConsistency,
+        reply: oneshot::Sender<Result<M::QueryResponse, GroupError>>,
+    },
+    Barrier {
+        consistency: ReadConsistency,
+        reply: oneshot::Sender<Result<Index, GroupError>>,
+    },
+    ChangeMembership {
+        change: MembershipChange,
+        reply: oneshot::Sender<Result<Index, GroupError>>,
+    },
+    TransferLeadership {
+        to: NodeId,
+        reply: oneshot::Sender<Result<(), GroupError>>,
+    },
+    Status {
+        reply: oneshot::Sender<Result<Status, GroupError>>,
+    },
+    Campaign {
+        reply: oneshot::Sender<Result<CampaignOutcome, GroupError>>,
+    },
+}
+
+/// Where a query's answer goes.
+type QueryReply<M> = oneshot::Sender<Result<<M as StateMachine>::QueryResponse, GroupError>>;
+
+/// A read waiting for its read index to be applied.
+enum PendingRead<M: StateMachine> {
+    Query(M::Query, QueryReply<M>),
+    Barrier(oneshot::Sender<Result<Index, GroupError>>),
+}
+
+/// Reads by the read index they wait for.
+type PendingReads<M> = BTreeMap<Index, Vec<PendingRead<M>>>;
+
+/// A request the engine has not answered yet.
+enum Waiter<M: StateMachine> {
+    Propose(oneshot::Sender<Result<M::Response, GroupError>>),
+    Query(M::Query, QueryReply<M>),
+    Barrier(oneshot::Sender<Result<Index, GroupError>>),
+    Membership(oneshot::Sender<Result<Index, GroupError>>),
+    Transfer(oneshot::Sender<Result<(), GroupError>>),
+    Status(oneshot::Sender<Result<Status, GroupError>>),
+    Campaign(oneshot::Sender<Result<CampaignOutcome, GroupError>>),
+}
+
+/// A request whose entry is in the log, waiting for it to apply.
+enum Applying<M: StateMachine> {
+    Propose(oneshot::Sender<Result<M::Response, GroupError>>),
+    Membership(oneshot::Sender<Result<Index, GroupError>>),
+}
+
+impl<M: StateMachine> Waiter<M> {
+    fn fail(self, error: GroupError) {
+        match self {
+            Waiter::Propose(reply) => drop(reply.send(Err(error))),
+            Waiter::Query(_, reply) => drop(reply.send(Err(error))),
+            Waiter::Barrier(reply) => drop(reply.send(Err(error))),
+            Waiter::Membership(reply) => drop(reply.send(Err(error))),
+            Waiter::Transfer(reply) => drop(reply.send(Err(error))),
+            Waiter::Status(reply) => drop(reply.send(Err(error))),
+            Waiter::Campaign(reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+impl<M: StateMachine> Applying<M> {
+    fn fail(self, error: GroupError) {
+        match self {
+            Applying::Propose(reply) => drop(reply.send(Err(error))),
+            Applying::Membership(reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+/// The snapshot bookkeeping of an in-memory machine.
+#[derive(Debug, Default)]
+struct Snapshots {
+    /// The index of the latest snapshot on disk (0: none).
+    index: Index,
+    /// Its size.
+    bytes: u64,
+    /// Bytes of commands applied since it was taken.
+    log_bytes: u64,
+    /// Commands applied since it was taken.
+    log_entries: u64,
+    /// The snapshot being written, and `log_bytes` and `log_entries` when
+    /// it was started.
+    building: Option<(Index, u64, u64)>,
+    /// No snapshot is tried before this tick (after one failed).
+    retry_at_tick: u64,
+}
+
+/// A snapshot arriving from the leader.
+struct Receiving {
+    index: Index,
+    chunks: Vec<Bytes>,
+}
+
+/// One group of machine `M`.
+pub(crate) struct Group<M: StateMachine> {
+    id: GroupId,
+    node: RaftNode,
+    /// The machine; away on a blocking thread while it restores from a
+    /// snapshot.
+    machine: Option<M>,
+    /// Entries committed while the machine was away, applied on its
+    /// return.
+    deferred: Vec<Entry>,
+    /// Events that happened while the machine was away.
+    deferred_events: Vec<GroupEvent>,
+    /// A restored snapshot is being installed: applies wait for it.
+    installing: bool,
+    /// Whether the machine keeps its own state on disk.
+    durable: bool,
+    /// A durable machine's state holds every command through this index:
+    /// those are not applied again.
+    skip_through: Index,
+    /// A durable machine's snapshots streamed to followers.
+    outbound: BTreeMap<NodeId, Outbound>,
+    links: Arc<Links>,
+    workers: Workers,
+    view: Arc<Mutex<GroupView>>,
+    policy: SnapshotPolicy,
+    actions: Vec<Action>,
+    next_request: u64,
+    waiting: HashMap<RequestId, Waiter<M>>,
+    applying: BTreeMap<Index, (Term, Applying<M>)>,
+    /// Queries whose read index is ahead of what is applied.
+    reads: PendingReads<M>,
+    applied: Index,
+    snapshots: Snapshots,
+    receiving: Option<Receiving>,
+    ticks: u64,
+    role: Role,
+    halted: bool,
+    fault_warnings: LogLimiter,
+}
+
+impl<M: StateMachine> Group<M> {
+    /// A group around an engine recovered (or bootstrapped) at `applied`
+    /// with the machine restored to the snapshot at `snapshot_index`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: GroupId,
+        node: RaftNode,
+        machine: M,
+        links: Arc<Links>,
+        workers: Workers,
+        view: Arc<Mutex<GroupView>>,
+        policy: SnapshotPolicy,
+        snapshot: (Index, u64),
+    ) -> Group<M> {
+        let durable = machine.durability() == Durability::Durable;
+        let skip_through = if durable { machine.applied_index() } else { 0 };
+        Group {
+            id,
+            applied: node.applied_index(),
+            node,
+            machine: Some(machine),
+            deferred: Vec::new(),
+            deferred_events: Vec::new(),
+            installing: false,
+            durable,
+            skip_through,
+            outbound: BTreeMap::new(),
+            links,
+            workers,
+            view,
+            policy,
+            actions: Vec::new(),
+            next_request: 1,
+            waiting: HashMap::new(),
+            applying: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            snapshots: Snapshots {
+                index: snapshot.0,
+                bytes: snapshot.1,
+                ..Snapshots::default()
+            },
+            receiving: None,
+            ticks: 0,
+            role: Role::Follower,
+            halted: false,
+            fault_warnings: LogLimiter::for_remote_input(),
+        }
+    }
+
+    /// Publishes what handles read without a call, and tells the machine
+    /// of a new configuration.
+    fn publish(&mut self) {
+        let config_changed = {
+            let mut view = self
+                .view
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            view.role = self.role;
+            view.term = self.node.term();
+            view.leader = self.node.leader();
+            view.last_index = self.node.last_index();
+            view.commit = self.node.commit_index();
+            view.applied = self.applied;
+            view.receiving_snapshot = self.node.is_receiving_snapshot();
+            view.quiescent = self.node.is_quiescent();
+            view.removed = self.node.is_removed();
+            if view.halted.is_none() {
+                view.halted = self.node.halted().map(ToString::to_string);
+            }
+            let changed = view.config != *self.node.config();
+            if changed {
+                view.config = self.node.config().clone();
+            }
+            changed
+        };
+        if config_changed {
+            self.event(GroupEvent::ConfigChanged(self.node.config().clone()));
+        }
+    }
+
+    /// Tells the machine of an event (later, if it is away).
+    fn event(&mut self, event: GroupEvent) {
+        match self.machine.as_mut() {
+            Some(machine) => machine.on_event(&event),
+            None => self.deferred_events.push(event),
+        }
+    }
+
+    /// Feeds one input and carries out every action it produces.
+    fn step(&mut self, input: Input, out: &mut Outbox) {
+        let mut actions = std::mem::take(&mut self.actions);
+        self.node.step(input, &mut actions);
+        for action in actions.drain(..) {
+            self.act(action, out);
+        }
+        self.actions = actions;
+        self.publish();
+    }
+
+    fn request(&mut self, request: Request, waiter: Waiter<M>, out: &mut Outbox) {
+        let id = RequestId(self.next_request);
+        self.next_request += 1;
+        self.waiting.insert(id, waiter);
+        self.step(Input::Client { id, request }, out);
+    }
+
+    fn act(&mut self, action: Action, out: &mut Outbox) {
+        match action {
+            Action::Persist(request) => out.log.push(LogRequest::Append {
+                group: self.id,
+                request,
+            }),
+            Action::Send(message) => {
+                self.links.send(message.to, encode_message(&message));
+            }
+            Action::Apply(entries) => {
+                if self.machine.is_none() || self.installing {
+                    self.deferred.extend(entries);
+                    return;
+                }
+                for entry in entries {
+                    self.apply(entry.index, entry.term, &entry.payload);
+                }
+                self.answer_reads();
+                self.maybe_snapshot(out);
+            }
+            Action::Respond { id, result } => self.respond(id, result),
+            Action::LoadSnapshotChunk {
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            } if !self.durable => out.log.push(LogRequest::ReadChunk {
+                group: self.id,
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            }),
+            Action::LoadSnapshotChunk {
+                to,
+                snapshot_index,
+                offset,
+                max_bytes,
+            } => self.stream_chunk(to, snapshot_index, offset, max_bytes),
+            Action::SaveSnapshotChunk {
+                meta,
+                offset,
+                data,
+                done,
+            } => {
+                if offset == 0 {
+                    self.receiving = Some(Receiving {
+                        index: meta.index,
+                        chunks: Vec::new(),
+                    });
+                }
+                if let Some(receiving) = self.receiving.as_mut().filter(|r| r.index == meta.index) {
+                    receiving.chunks.push(data.clone());
+                }
+                out.log.push(LogRequest::SaveChunk {
+                    group: self.id,
+                    meta,
+                    offset,
+                    data,
+                    done,
+                });
+            }
+            Action::Compact { through } => out.log.push(LogRequest::Compact {
+                group: self.id,
+                through,
+            }),
+            Action::RoleChanged { role, term, leader } => {
+                tracing::debug!(group = self.id, ?role, term, leader, "role changed");
+                self.role = role;
+                self.event(GroupEvent::RoleChanged { role, term, leader });
+            }
+            Action::Removed => {
+                tracing::info!(group = self.id, "this node was removed from the group");
+                // Published first: whoever the event wakes sees it.
+                self.publish();
+                self.event(GroupEvent::Removed);
+            }
+            Action::Fault(fault) => {
+                if let Some(suppressed) = self.fault_warnings.allow() {
+                    tracing::warn!(group = self.id, suppressed, "{fault}");
+                }
+                if !self.halted {
+                    if let Some(halt) = self.node.halted() {
+                        self.halted = true;
+                        let text = halt.to_string();
+                        tracing::error!(group = self.id, "this node halted the group: {text}");
+                        self.publish();
+                        self.event(GroupEvent::Halted(text));
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, index: Index, term: Term, payload: &EntryPayload) {
+        // Anything waiting on an earlier index lost its place (a new leader
+        // replaced the entry): it will never apply.
+        while let Some(entry) = self.applying.first_entry() {
+            if *entry.key() >= index {
+                break;
+            }
+            let (_, waiter) = entry.remove();
+            waiter.fail(GroupError::Dropped);
+        }
+        let waiter = match self.applying.remove(&index) {
+            Some((waited_term, waiter)) if waited_term == term => Some(waiter),
+            Some((_, waiter)) => {
+                waiter.fail(GroupError::Dropped);
+                None
+            }
+            None => None,
+        };
+        match payload {
+            EntryPayload::Command(data) => {
+                self.snapshots.log_bytes =
+                    self.snapshots.log_bytes.saturating_add(data.len() as u64);
+                self.snapshots.log_entries = self.snapshots.log_entries.saturating_add(1);
+                if index <= self.skip_through {
+                    // A durable machine's state holds it already (from
+                    // before a restart, or from a streamed view).
+                    if let Some(waiter) = waiter {
+                        waiter.fail(GroupError::AppliedWithoutAnswer);
+                    }
+                    self.applied = index;
+                    return;
+                }
+                let Some(machine) = self.machine.as_mut() else {
+                    debug_assert!(false, "applies wait while the machine is away");
+                    return;
+                };
+                let answered = matches!(waiter, Some(Applying::Propose(_)));
+                let response = machine.apply(Command {
+                    index,
+                    term,
+                    data,
+                    answered,
+                });
+                match waiter {
+                    Some(Applying::Propose(reply)) => drop(reply.send(Ok(response))),
+                    Some(Applying::Membership(reply)) => drop(reply.send(Err(GroupError::Dropped))),
+                    None => {}
+                }
+            }
+            EntryPayload::Noop | EntryPayload::Config(_) => match waiter {
+                Some(Applying::Membership(reply)) => drop(reply.send(Ok(index))),
+                Some(Applying::Propose(reply)) => drop(reply.send(Err(GroupError::Dropped))),
+                None => {}
+            },
+        }
+        self.applied = index;
+    }
+
+    fn respond(&mut self, id: RequestId, result: Result<Response, RequestError>) {
+        let Some(waiter) = self.waiting.remove(&id) else {
+            return;
+        };
+        match (waiter, result) {
+            (Waiter::Propose(reply), Ok(Response::Proposed { index, term })) => {
+                self.applying
+                    .insert(index, (term, Applying::Propose(reply)));
+            }
+            (Waiter::Membership(reply), Ok(Response::Proposed { index, term })) => {
+                self.applying
+                    .insert(index, (term, Applying::Membership(reply)));
+            }
+            (Waiter::Query(query, reply), Ok(Response::ReadReady { index })) => {
+                self.reads
+                    .entry(index)
+                    .or_default()
+                    .push(PendingRead::Query(query, reply));
+                self.answer_reads();
+            }
+            (Waiter::Barrier(reply), Ok(Response::ReadReady { index })) => {
+                self.reads
+                    .entry(index)
+                    .or_default()
+                    .push(PendingRead::Barrier(reply));
+                self.answer_reads();
+            }
+            (Waiter::Transfer(reply), Ok(Response::TransferStarted)) => {
+                let _ = reply.send(Ok(()));
+            }
+            (Waiter::Status(reply), Ok(Response::Status(status))) => {
+                let _ = reply.send(Ok(status));
+            }
+            (Waiter::Campaign(reply), Ok(Response::Campaign(outcome))) => {
+                let _ = reply.send(Ok(outcome));
+            }
+            (waiter, Ok(other)) => waiter.fail(GroupError::Start {
+                group: self.id,
+                reason: format!("the engine answered {other:?}"),
+            }),
+            (waiter, Err(error)) => waiter.fail(GroupError::Engine(error)),
+        }
+    }
+
+    /// Answers the reads whose read index is now applied (unless the
+    /// machine is away: then on its return).
+    fn answer_reads(&mut self) {
+        let Some(machine) = self.machine.as_ref() else {
+            return;
+        };
+        while let Some(entry) = self.reads.first_entry() {
+            if *entry.key() > self.applied {
+                break;
+            }
+            for read in entry.remove() {
+                match read {
+                    PendingRead::Query(query, reply) => drop(reply.send(Ok(machine.query(query)))),
+                    PendingRead::Barrier(reply) => drop(reply.send(Ok(self.applied))),
+                }
+            }
+        }
+    }
+
+    /// Serves a chunk of a durable machine's state to a follower, from the
+    /// transfer streaming to it (a new one, from a new view, at offset 0).
+    fn stream_chunk(&mut self, to: NodeId, snapshot_index: Index, offset: u64, max_bytes: u64) {
+        let current = self
+            .outbound
+            .get(&to)
+            .is_some_and(|stream| stream.index == snapshot_index);
+        if offset == 0 || !current {
+            let Some(machine) = self.machine.as_ref() else {
+                // Away restoring: the engine asks again after its timeout.
+                return;
+            };
+            let stream = Outbound::start(
+                self.id,
+                to,
+                snapshot_index,
+                machine.snapshot(),
+                self.workers.clone(),
+            );
+            self.outbound.insert(to, stream);
+        }
+        if let Some(stream) = self.outbound.get(&to) {
+            stream.request(offset, max_bytes);
+        }
+    }
+
+    /// Refuses a received snapshot: the leader starts the transfer over.
+    fn refuse_snapshot(&mut self, index: Index, offset: u64, reason: &str, out: &mut Outbox) {
+        tracing::warn!(group = self.id, index, %reason, "a snapshot from the leader does not restore; the leader starts over");
+        out.log.push(LogRequest::AbandonReceived { group: self.id });
+        self.step(
+            Input::SnapshotChunkSaved {
+                snapshot_index: index,
+                offset,
+                ok: false,
+            },
+            out,
+        );
+    }
+
+    /// The machine is back from a restore: what waited for it goes on.
+    fn machine_returned(&mut self, out: &mut Outbox) {
+        if let Some(machine) = self.machine.as_mut() {
+            for event in self.deferred_events.drain(..) {
+                machine.on_event(&event);
+            }
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        for entry in deferred {
+            if entry.index > self.applied {
+                self.apply(entry.index, entry.term, &entry.payload);
+            }
+        }
+        self.answer_reads();
+        self.maybe_snapshot(out);
+    }
+
+    /// Takes a snapshot when the policy says one is due. Taking the view is
+    /// cheap; writing it runs on a blocking thread of the log task.
+    fn maybe_snapshot(&mut self, out: &mut Outbox) {
+        let s = &self.snapshots;
+        let Some(machine) = self.machine.as_ref() else {
+            return;
+        };
+        if s.building.is_some()
+            || self.applied <= s.index
+            || self.ticks < s.retry_at_tick
+            || !self.policy.due(s.log_entries, s.log_bytes, s.bytes)
+        {
+            return;
+        }
+        // A durable machine's log is compacted only behind what it made
+        // durable.
+        let index = if self.durable {
+            machine.durable_index().min(self.applied)
+        } else {
+            self.applied
+        };
+        if index <= s.index {
+            return;
+        }
+        let Some(term) = self.node.term_at(index) else {
+            return;
+        };
+        let meta = ferry_raft::SnapshotMeta {
+            index,
+            term,
+            config: self.node.config().clone(),
+        };
+        self.snapshots.building =
+            Some((index, self.snapshots.log_bytes, self.snapshots.log_entries));
+        // A durable machine's state is on disk already: the snapshot file
+        // only marks how far the log may be compacted (it holds no state).
+        let source = if self.durable {
+            Box::new(BytesSnapshot(Bytes::new()))
+        } else {
+            machine.snapshot()
+        };
+        out.log.push(LogRequest::TakeSnapshot {
+            group: self.id,
+            meta,
+            source,
+        });
+    }
+}
+
+impl<M: StateMachine> GroupRun for Group<M> {
+    fn message(&mut self, message: Message, out: &mut Outbox) {
+        self.step(Input::Message(message), out);
+    }
+
+    fn peer(&mut self, peer: NodeId, up: bool, out: &mut Outbox) {
+        let input = if up {
+            Input::PeerConnected(peer)
+        } else {
+            Input::PeerDisconnected(peer)
+        };
+        self.step(input, out);
+    }
+
+    fn call(&mut self, call: Box<dyn Any + Send>, out: &mut Outbox) {
+        let Ok(call) = call.downcast::<Call<M>>() else {
+            // The reply sender inside is dropped: the caller sees an error.
+            tracing::error!(group = self.id, "a call for another kind of machine");
+            return;
+        };
+        match *call {
+            Call::Propose { command, reply } => {
+                self.request(Request::Propose(command), Waiter::Propose(reply), out)
+            }
+            Call::Query {
+                query,
+                consistency,
+                reply,
+            } => self.request(Request::Read(consistency), Waiter::Query(query, reply), out),
+            Call::Barrier { consistency, reply } => {
+                self.request(Request::Read(consistency), Waiter::Barrier(reply), out)
+            }
+            Call::ChangeMembership { change, reply } => self.request(
+                Request::ChangeMembership(change),
+                Waiter::Membership(reply),
+                out,
+            ),
+            Call::TransferLeadership { to, reply } => self.request(
+                Request::TransferLeadership(to),
+                Waiter::Transfer(reply),
+                out,
+            ),
+            Call::Status { reply } => self.request(Request::Status, Waiter::Status(reply), out),
+            Call::Campaign { reply } => {
+                self.request(Request::Campaign, Waiter::Campaign(reply), out)
+            }
+        }
+    }
+
+    fn tick(&mut self, out: &mut Outbox) {
+        self.ticks += 1;
+        self.step(Input::Tick, out);
+        if self.receiving.is_some() && !self.node.is_receiving_snapshot() {
+            // The engine gave up on the transfer: free its chunks now.
+            self.receiving = None;
+        }
+        if self.snapshots.retry_at_tick == self.ticks {
+            self.maybe_snapshot(out);
+        }
+    }
+
+    fn complete(&mut self, completion: Completion, out: &mut Outbox) {
+        match completion {
+            Completion::Persisted { seq } => self.step(Input::Persisted { seq }, out),
+            Completion::ChunkLoaded {
+                to,
+                snapshot_index,
+                offset,
+                chunk,
+            } => self.step(
+                Input::SnapshotChunkLoaded {
+                    to,
+                    snapshot_index,
+                    offset,
+                    chunk,
+                },
+                out,
+            ),
+            Completion::ChunkSaved {
+                index,
+                offset,
+                ok,
+                last,
+            } => {
+                if !ok || !last {
+                    if !ok {
+                        self.receiving = None;
+                    }
+                    self.step(
+                        Input::SnapshotChunkSaved {
+                            snapshot_index: index,
+                            offset,
+                            ok,
+                        },
+                        out,
+                    );
+                    return;
+                }
+                // The whole snapshot is on disk: restore the machine from
+                // it on a blocking thread, then install it (which resets
+                // the log).
+                let chunks = self.receiving.take().filter(|r| r.index == index);
+                match (chunks, self.machine.take()) {
+                    (Some(receiving), Some(mut machine)) => {
+                        let workers = self.workers.clone();
+                        let group = self.id;
+                        tokio::task::spawn_blocking(move || {
+                            let bytes = receiving.chunks.concat();
+                            let outcome = machine
+                                .restore(&bytes)
+                                .map(|()| bytes.len() as u64)
+                                .map_err(|e| e.to_string());
+                            workers.complete(
+                                group,
+                                Completion::Restored {
+                                    machine: Box::new(machine),
+                                    outcome,
+                                    index,
+                                    offset,
+                                },
+                            );
+                        });
+                    }
+                    (chunks, machine) => {
+                        self.machine = self.machine.take().or(machine);
+                        let reason = if chunks.is_none() {
+                            "its chunks were not kept"
+                        } else {
+                            "another restore is in flight"
+                        };
+                        self.refuse_snapshot(index, offset, reason, out);
+                    }
+                }
+            }
+            Completion::Restored {
+                machine,
+                outcome,
+                index,
+                offset,
+            } => {
+                let Ok(machine) = machine.downcast::<M>() else {
+                    debug_assert!(false, "a restored machine of another type");
+                    return;
+                };
+                self.machine = Some(*machine);
+                match outcome {
+                    Ok(bytes) => {
+                        if self.durable {
+                            if let Some(machine) = self.machine.as_ref() {
+                                self.skip_through = machine.applied_index();
+                            }
+                        }
+                        self.snapshots.bytes = bytes;
+                        self.installing = true;
+                        out.log.push(LogRequest::InstallReceived {
+                            group: self.id,
+                            offset,
+                        });
+                    }
+                    Err(reason) => {
+                        self.machine_returned(out);
+                        self.refuse_snapshot(index, offset, &reason, out);
+                    }
+                }
+            }
+            Completion::Installed { index, offset } => {
+                // Whatever waited on an entry the snapshot covers will hear
+                // no more of it here.
+                while let Some(entry) = self.applying.first_entry() {
+                    if *entry.key() > index {
+                        break;
+                    }
+                    entry.remove().1.fail(GroupError::Dropped);
+                }
+                tracing::info!(
+                    group = self.id,
+                    index,
+                    bytes = self.snapshots.bytes,
+                    "installed a snapshot from the leader"
+                );
+                self.applied = index;
+                self.snapshots.index = index;
+                self.snapshots.log_bytes = 0;
+                self.snapshots.log_entries = 0;
+                self.snapshots.building = None;
+                // Entries deferred while the machine was away that the
+                // snapshot covers are in it.
+                self.deferred.retain(|entry| entry.index > index);
+                self.installing = false;
+                self.step(
+                    Input::SnapshotChunkSaved {
+                        snapshot_index: index,
+                        offset,
+                        ok: true,
+                    },
+                    out,
+                );
+                self.machine_returned(out);
+            }
+            Completion::SnapshotTaken { index, bytes } => {
+                let (bytes_at_start, entries_at_start) = match self.snapshots.building.take() {
+                    Some((building, bytes, entries)) if building == index => (bytes, entries),
+                    _ => (0, 0),
+                };
+                if index <= self.snapshots.index {
+                    // A snapshot from the leader was installed meanwhile.
+                    return;
+                }
+                self.snapshots.index = index;
+                self.snapshots.bytes = bytes;
+                self.snapshots.log_bytes = self.snapshots.log_bytes.saturating_sub(bytes_at_start);
+                self.snapshots.log_entries =
+                    self.snapshots.log_entries.saturating_sub(entries_at_start);
+                self.step(Input::SnapshotBuilt { index }, out);
+                self.maybe_snapshot(out);
+            }
+            Completion::SnapshotFailed { index, error } => {
+                tracing::warn!(group = self.id, index, %error, "cannot take a snapshot for now; the log keeps every entry meanwhile");
+                self.snapshots.building = None;
+                self.snapshots.retry_at_tick = self.ticks + SNAPSHOT_RETRY_TICKS;
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        self.deferred.clear();
+        self.outbound.clear();
+        for (_, waiter) in std::mem::take(&mut self.waiting) {
+            waiter.fail(GroupError::NotRunning { group: self.id });
+        }
+        for (_, (_, waiter)) in std::mem::take(&mut self.applying) {
+            waiter.fail(GroupError::NotRunning { group: self.id });
+        }
+        for (_, reads) in std::mem::take(&mut self.reads) {
+            for read in reads {
+                let error = GroupError::NotRunning { group: self.id };
+                match read {
+                    PendingRead::Query(_, reply) => drop(reply.send(Err(error))),
+                    PendingRead::Barrier(reply) => drop(reply.send(Err(error))),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,775 @@
+//! The node host: one per process, owning the shared log, the links to
+//! peer nodes, the workers, and every group running on them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use ferry_raft::{
+    Configuration, GroupId, Index, MembershipChange, NodeId, Options, RaftNode, ReadConsistency,
+    Status,
+};
+use ferry_storage::{FsDisk, GroupRecovery, Storage, WalOptions};
+
+use crate::connections::ConnectionLimits;
+use crate::error::{GroupError, HostError};
+use crate::group::{Call, Group};
+use crate::log_task::{self, LogRequest};
+use crate::machine::{Durability, StateMachine};
+use crate::member_id::Hex;
+use crate::snapshot_policy::SnapshotPolicy;
+use crate::transport::{decode_message, Transport, TransportConfig, TransportEvent};
+use crate::view::GroupView;
+use crate::worker::{self, WorkerInput, Workers};
+
+/// The most storage requests queued for the log before workers wait.
+const LOG_REQUESTS_QUEUED_MAX: usize = 8192;
+/// The most transport events queued before the connections' readers wait.
+const TRANSPORT_EVENTS_QUEUED_MAX: usize = 8192;
+/// The group id of the host's own messages: a message to group 0 says only
+/// that its sender is alive (see [`Liveness`]). No Raft group has id 0.
+const HOST_GROUP: GroupId = 0;
+
+/// How a host is set up.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// This node's id, the same in every group it is a member of. Not 0.
+    pub node_id: NodeId,
+    /// Shared by every node that may talk to this one: checked when a
+    /// connection opens, so that nodes of two clusters never mix.
+    pub cluster_id: u64,
+    /// Where the log and the snapshots live.
+    pub data_dir: PathBuf,
+    /// Where peer nodes connect.
+    pub peer_listen: SocketAddr,
+    /// The peer nodes to dial, and where (`host:port`). More can be added
+    /// at run time with [`NodeHost::add_peer`].
+    pub peers: BTreeMap<NodeId, String>,
+    /// How often every group's clock ticks.
+    pub tick_interval: Duration,
+    /// The engine options every group starts with (their `id` and `group`
+    /// are set by the host). Quiescence is on: an idle group sends nothing
+    /// and the host's keepalives tell its followers when a leader's node is
+    /// gone.
+    pub engine: Options,
+    /// When in-memory machines are snapshotted.
+    pub snapshot_policy: SnapshotPolicy,
+    /// How many workers run the groups: the number of cores by default.
+    pub workers: usize,
+    /// The log's options.
+    pub wal: WalOptions,
+    /// How many inbound peer connections the host holds, in all and per
+    /// source address.
+    pub peer_connection_limits: ConnectionLimits,
+    /// How long an inbound peer connection may send nothing before it is
+    /// closed (the peer dials again).
+    pub peer_read_timeout: Duration,
+    /// The most bytes held for frames from peers, in all connections.
+    pub peer_buffered_bytes_max: usize,
+}
+
+impl HostConfig {
+    /// A host with ferry's defaults (etcd's): 100 ms ticks, an election
+    /// timeout of 10 to 20 ticks (1 to 2 s), a heartbeat every tick, one
+    /// worker per core.
+    pub fn new(node_id: NodeId, data_dir: impl Into<PathBuf>, peer_listen: SocketAddr) -> Self {
+        HostConfig {
+            node_id,
+            cluster_id: 0xf3e7_7000_0000_0001,
+            data_dir: data_dir.into(),
+            peer_listen,
+            peers: BTreeMap::new(),
+            tick_interval: Duration::from_millis(100),
+            engine: Options {
+                quiesce: true,
+                ..Options::new(node_id, 0)
+            },
+            snapshot_policy: SnapshotPolicy::default(),
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            wal: WalOptions::default(),
+            peer_connection_limits: ConnectionLimits::default(),
+            peer_read_timeout: Duration::from_secs(30),
+            peer_buffered_bytes_max: 256 << 20,
+        }
+    }
+}
+
+/// How a group's membership starts when it has no state on disk yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Membership {
+    /// A founding member of a new group of these voters (this node among
+    /// them). Every founder must be given the same set.
+    Found(Vec<NodeId>),
+    /// A node joining an existing group: it starts empty and learns the
+    /// group's configuration from its leader once a member adds it.
+    Join,
+}
+
+/// The links to peer nodes: one connection each way per pair of nodes,
+/// carrying every group's messages.
+pub(crate) struct Links {
+    transport: RwLock<Transport>,
+}
+
+impl Links {
+    /// Queues a message for a peer node. Shed if its queue is full: the
+    /// engine's timers send again what matters.
+    pub(crate) fn send(&self, to: NodeId, payload: Bytes) {
+        let transport = self
+            .transport
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        transport.send(to, payload);
+    }
+}
+
+struct HostInner {
+    config: HostConfig,
+    workers: Workers,
+    log: mpsc::Sender<LogRequest>,
+    links: Arc<Links>,
+    peer_addr: SocketAddr,
+    /// Peer nodes whose link to them is up.
+    connected: Arc<Mutex<BTreeSet<NodeId>>>,
+    /// Set when the log stopped, with why.
+    stopped: watch::Receiver<Option<String>>,
+    troubles: Arc<log_task::Troubles>,
+    counters: Arc<log_task::LogCounters>,
+    /// Groups found on disk at start and not started since.
+    recovered: Mutex<BTreeMap<GroupId, GroupRecovery>>,
+    shutdown: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    log_task: Mutex<Option<JoinHandle<Result<(), log_task::LogFailed>>>>,
+}
+
+/// A node host: the one entry point of the runtime. See the crate docs.
+#[derive(Clone)]
+pub struct NodeHost {
+    inner: Arc<HostInner>,
+}
+
+impl NodeHost {
+    /// Opens the storage in `config.data_dir` (recovering every group it
+    /// holds), starts the workers and the log, binds the peer port and
+    /// starts dialing the peers. No group runs until it is started.
+    pub async fn start(config: HostConfig) -> Result<NodeHost, HostError> {
+        let (storage, report) = Storage::open(FsDisk, &config.data_dir, config.wal.clone())
+            .map_err(|source| HostError::Storage {
+                dir: config.data_dir.display().to_string(),
+                source,
+            })?;
+        if report.wal.truncated_bytes > 0 {
+            tracing::warn!(
+                bytes = report.wal.truncated_bytes,
+                "cut a torn write from the end of the log"
+            );
+        }
+        let (log_tx, log_rx) = mpsc::channel(LOG_REQUESTS_QUEUED_MAX);
+        let (workers, mut tasks) =
+            worker::spawn(config.workers, config.tick_interval, log_tx.clone());
+        let log_workers = workers.clone();
+        let counters = Arc::new(log_task::LogCounters::default());
+        let troubles = Arc::new(log_task::Troubles::default());
+        let (stopped_tx, stopped) = watch::channel(None);
+        let log_counters = counters.clone();
+        let log_troubles = troubles.clone();
+        let (shutdown, log_shutdown) = watch::channel(false);
+        let log_task = tokio::spawn(async move {
+            let outcome = log_task::run(
+                storage,
+                log_rx,
+                log_workers,
+                log_counters,
+                log_troubles,
+                log_shutdown,
+            )
+            .await;
+            let reason = match &outcome {
+                Ok(()) => "the host stopped".to_string(),
+                Err(error) => {
+                    tracing::error!(%error, "the log stopped; every group on this node stops");
+                    error.to_string()
+                }
+            };
+            let _ = stopped_tx.send(Some(reason));
+            outcome
+        });
+
+        let (events_tx, events) = mpsc::channel(TRANSPORT_EVENTS_QUEUED_MAX);
+        let mut transport_config =
+            TransportConfig::new(config.node_id, config.cluster_id, config.peer_listen);
+        transport_config.connection_limits = config.peer_connection_limits;
+        transport_config.read_timeout = config.peer_read_timeout;
+        transport_config.inbound_buffered_bytes_max = config.peer_buffered_bytes_max;
+        transport_config.peers = config
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != config.node_id)
+            .map(|(id, addr)| (*id, addr.clone()))
+            .collect();
+        let transport = Transport::start(transport_config, events_tx).await?;
+        let peer_addr = transport.local_addr();
+        let connected = Arc::new(Mutex::new(BTreeSet::new()));
+        let liveness = Arc::new(Liveness::default());
+        tasks.push(tokio::spawn(route(
+            events,
+            workers.clone(),
+            connected.clone(),
+            liveness.clone(),
+        )));
+        let silence = config
+            .tick_interval
+            .saturating_mul(config.engine.election_timeout_ticks.max(1));
+        let links = Arc::new(Links {
+            transport: RwLock::new(transport),
+        });
+        tasks.push(tokio::spawn(watch_liveness(
+            config.node_id,
+            config.tick_interval,
+            silence,
+            links.clone(),
+            workers.clone(),
+            connected.clone(),
+            liveness,
+        )));
+        Ok(NodeHost {
+            inner: Arc::new(HostInner {
+                config,
+                workers,
+                log: log_tx,
+                links,
+                peer_addr,
+                connected,
+                stopped,
+                troubles,
+                counters,
+                recovered: Mutex::new(report.groups),
+                shutdown,
+                tasks: Mutex::new(tasks),
+                log_task: Mutex::new(Some(log_task)),
+            }),
+        })
+    }
+
+    /// Where peer nodes connect to this one.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.inner.peer_addr
+    }
+
+    /// The peer nodes whose link is up now.
+    pub fn connected_peers(&self) -> BTreeSet<NodeId> {
+        lock(&self.inner.connected).clone()
+    }
+
+    /// The peer nodes this host dials.
+    pub fn dialed_peers(&self) -> Vec<NodeId> {
+        self.inner
+            .links
+            .transport
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .peer_ids()
+    }
+
+    /// Storage shortages being waited out now (the log cannot start a new
+    /// segment, a snapshot cannot be written), in words, for an operator.
+    pub fn troubles(&self) -> Vec<String> {
+        self.inner.troubles.list()
+    }
+
+    /// Resolves when the host's log has stopped: after [`NodeHost::shutdown`],
+    /// or by itself when the storage failed (a failed write or sync), with
+    /// why. Nothing can be made durable after that.
+    pub async fn stopped(&self) -> String {
+        let mut stopped = self.inner.stopped.clone();
+        let reason = match stopped.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "the host stopped".into(),
+        };
+        reason
+    }
+
+    /// What the shared log has done since the host started.
+    pub fn log_counters(&self) -> &log_task::LogCounters {
+        &self.inner.counters
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.inner.config.node_id
+    }
+
+    /// The groups found on disk at start that have not been started since.
+    pub fn recovered_groups(&self) -> Vec<GroupId> {
+        lock(&self.inner.recovered).keys().copied().collect()
+    }
+
+    /// Starts dialing a peer node (or does nothing if it is dialed).
+    pub fn add_peer(&self, id: NodeId, addr: String) {
+        let mut transport = self
+            .inner
+            .links
+            .transport
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        transport.add_peer(id, addr);
+    }
+
+    /// Stops dialing a peer node.
+    pub fn remove_peer(&self, id: NodeId) {
+        let mut transport = self
+            .inner
+            .links
+            .transport
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        transport.remove_peer(id);
+    }
+
+    /// Starts running `group` with `machine`. A group with state on disk
+    /// resumes from it (its machine is restored from its latest snapshot
+    /// and the log after it is applied again; `membership` is then
+    /// ignored); a new one starts as `membership` says.
+    pub async fn start_group<M: StateMachine>(
+        &self,
+        group: GroupId,
+        membership: Membership,
+        mut machine: M,
+    ) -> Result<GroupHandle<M>, GroupError> {
+        if group == 0 {
+            return Err(GroupError::Start {
+                group,
+                reason: "group 0 is reserved".into(),
+            });
+        }
+        let recovery = lock(&self.inner.recovered).remove(&group);
+        let fresh = recovery.is_none();
+        let recovery = recovery.unwrap_or_default();
+        let founders = match &membership {
+            Membership::Found(voters) => Configuration::with_voters(voters.iter().copied()),
+            Membership::Join => Configuration::default(),
+        };
+        let restored = recovery.restored_state(founders);
+        let mut snapshot_bytes = 0;
+        // A durable machine holds its own state; its snapshot files only
+        // mark how far the log was compacted.
+        if restored.snapshot.index > 0 && machine.durability() == Durability::InMemory {
+            let index = restored.snapshot.index;
+            let (reply, answer) = oneshot::channel();
+            self.log(LogRequest::ReadSnapshot {
+                group,
+                index,
+                reply,
+            })
+            .await?;
+            let data = answer
+                .await
+                .map_err(|_| GroupError::NotRunning { group })?
+                .map_err(|source| GroupError::Storage { group, source })?
+                .ok_or_else(|| GroupError::Start {
+                    group,
+                    reason: format!("its snapshot {index} is missing"),
+                })?;
+            machine.restore(&data).map_err(|error| GroupError::Start {
+                group,
+                reason: format!("snapshot {index}: {error}"),
+            })?;
+            snapshot_bytes = data.len() as u64;
+        }
+        let mut options = self.inner.config.engine.clone();
+        options.id = self.inner.config.node_id;
+        options.group = group;
+        // Election timeouts must differ between nodes, groups and restarts.
+        let wall_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
+        let seed = self.inner.config.node_id.rotate_left(32)
+            ^ group.rotate_left(16)
+            ^ wall_nanos
+            ^ u64::from(std::process::id());
+        let snapshot_index = restored.snapshot.index;
+        let node = RaftNode::new(options, restored, seed).map_err(|error| GroupError::Start {
+            group,
+            reason: error.to_string(),
+        })?;
+        let view = Arc::new(Mutex::new(GroupView::default()));
+        let runner = Group::new(
+            group,
+            node,
+            machine,
+            self.inner.links.clone(),
+            self.inner.workers.clone(),
+            view.clone(),
+            self.inner.config.snapshot_policy,
+            (snapshot_index, snapshot_bytes),
+        );
+        let (reply, started) = oneshot::channel();
+        let sent = self
+            .inner
+            .workers
+            .input(
+                group,
+                WorkerInput::Start {
+                    group,
+                    runner: Box::new(runner),
+                    reply,
+                },
+            )
+            .await;
+        if !sent {
+            return Err(GroupError::NotRunning { group });
+        }
+        started
+            .await
+            .map_err(|_| GroupError::NotRunning { group })??;
+        tracing::debug!(group, node = %Hex(self.node_id()), fresh, "group started");
+        Ok(GroupHandle {
+            group,
+            workers: self.inner.workers.clone(),
+            view,
+            machine: PhantomData,
+        })
+    }
+
+    /// Stops running `group` on this node; its data stays, and it can be
+    /// started again. Callers waiting on it get [`GroupError::NotRunning`].
+    pub async fn stop_group(&self, group: GroupId) -> Result<(), GroupError> {
+        let (reply, stopped) = oneshot::channel();
+        if !self
+            .inner
+            .workers
+            .input(group, WorkerInput::Stop { group, reply })
+            .await
+        {
+            return Err(GroupError::NotRunning { group });
+        }
+        stopped
+            .await
+            .map_err(|_| GroupError::NotRunning { group })??;
+        // Started again, it recovers from what the log holds now.
+        let (reply, recovered) = oneshot::channel();
+        self.log(LogRequest::Recover { group, reply }).await?;
+        if let Ok(Ok(Some(recovery))) = recovered.await {
+            lock(&self.inner.recovered).insert(group, recovery);
+        }
+        Ok(())
+    }
+
+    /// Stops `group` if it runs and deletes its log and snapshots on this
+    /// node (after it was removed from the group, or the group is gone).
+    pub async fn destroy_group(&self, group: GroupId) -> Result<(), GroupError> {
+        match self.stop_group(group).await {
+            Ok(()) | Err(GroupError::NotRunning { .. }) => {}
+            Err(error) => return Err(error),
+        }
+        lock(&self.inner.recovered).remove(&group);
+        let (reply, removed) = oneshot::channel();
+        self.log(LogRequest::RemoveGroup { group, reply }).await?;
+        removed
+            .await
+            .map_err(|_| GroupError::NotRunning { group })?
+            .map_err(|source| GroupError::Storage { group, source })
+    }
+
+    /// Stops every group, syncs the log and closes the links.
+    pub async fn shutdown(self) {
+        let _ = self.inner.shutdown.send(true);
+        let tasks = std::mem::take(&mut *lock(&self.inner.tasks));
+        for task in &tasks {
+            task.abort();
+        }
+        {
+            let transport = self
+                .inner
+                .links
+                .transport
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            transport.shutdown();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        // The workers are gone; the log syncs what it holds and stops.
+        let log_task = lock(&self.inner.log_task).take();
+        if let Some(task) = log_task {
+            let _ = task.await;
+        }
+    }
+
+    async fn log(&self, request: LogRequest) -> Result<(), GroupError> {
+        self.inner
+            .log
+            .send(request)
+            .await
+            .map_err(|_| GroupError::NotRunning { group: 0 })
+    }
+}
+
+/// Routes what the transport receives to the workers of the groups.
+async fn route(
+    mut events: mpsc::Receiver<TransportEvent>,
+    workers: Workers,
+    connected: Arc<Mutex<BTreeSet<NodeId>>>,
+    liveness: Arc<Liveness>,
+) {
+    let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
+    while let Some(event) = events.recv().await {
+        match event {
+            TransportEvent::Connected(peer) => {
+                lock(&connected).insert(peer);
+                liveness.heard(peer);
+                workers.broadcast(|| WorkerInput::PeerConnected(peer)).await
+            }
+            TransportEvent::Disconnected(peer) => {
+                lock(&connected).remove(&peer);
+                workers
+                    .broadcast(|| WorkerInput::PeerDisconnected(peer))
+                    .await
+            }
+            TransportEvent::Received {
+                from,
+                payload,
+                lease,
+            } => match decode_message(&payload) {
+                Ok(message) if message.from == from => {
+                    if liveness.heard(from) {
+                        // It was reported silent: every group hears it is
+                        // back (and sends what it owes).
+                        workers.broadcast(|| WorkerInput::PeerConnected(from)).await;
+                    }
+                    if message.group == HOST_GROUP {
+                        continue;
+                    }
+                    let group = message.group;
+                    workers
+                        .input(group, WorkerInput::Message(message, lease))
+                        .await;
+                }
+                Ok(message) => {
+                    if let Some(suppressed) = undecodable.allow() {
+                        tracing::warn!(peer = %Hex(from), claimed = %Hex(message.from), suppressed, "dropping a message with the wrong sender");
+                    }
+                }
+                Err(error) => {
+                    if let Some(suppressed) = undecodable.allow() {
+                        tracing::warn!(peer = %Hex(from), %error, suppressed, "dropping a message that does not decode");
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Node-level liveness, one signal per pair of nodes rather than per group.
+///
+/// Idle groups go quiet (no heartbeats), so a host cannot tell from its
+/// groups' traffic whether a peer node is alive; and the followers of a
+/// dead quiet leader hold an election only once the host reports the
+/// leader disconnected. So every host sends each peer a keepalive (a message
+/// to [`HOST_GROUP`]) every tick, and reports a peer whose link is up but
+/// which sent nothing for an election timeout as disconnected to every
+/// group; the first frame it sends again reports it connected.
+#[derive(Default)]
+struct Liveness {
+    /// When each peer was last heard from.
+    last_heard: Mutex<BTreeMap<NodeId, std::time::Instant>>,
+    /// Peers reported silent to the groups.
+    silent: Mutex<BTreeSet<NodeId>>,
+}
+
+impl Liveness {
+    /// Records a frame from `peer`; true if it had been reported silent.
+    fn heard(&self, peer: NodeId) -> bool {
+        lock(&self.last_heard).insert(peer, std::time::Instant::now());
+        lock(&self.silent).remove(&peer)
+    }
+}
+
+/// Sends the keepalives and reports silent peers (see [`Liveness`]).
+async fn watch_liveness(
+    me: NodeId,
+    tick: Duration,
+    silence: Duration,
+    links: Arc<Links>,
+    workers: Workers,
+    connected: Arc<Mutex<BTreeSet<NodeId>>>,
+    liveness: Arc<Liveness>,
+) {
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let peers = links
+            .transport
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .peer_ids();
+        for peer in peers {
+            let keepalive = ferry_raft::Message {
+                group: HOST_GROUP,
+                from: me,
+                to: peer,
+                term: 0,
+                body: ferry_raft::MessageBody::WakeUp,
+            };
+            links.send(peer, crate::transport::encode_message(&keepalive));
+        }
+        let now = std::time::Instant::now();
+        let up: Vec<NodeId> = lock(&connected).iter().copied().collect();
+        let newly_silent: Vec<NodeId> = {
+            let last_heard = lock(&liveness.last_heard);
+            let mut silent = lock(&liveness.silent);
+            up.into_iter()
+                .filter(|peer| {
+                    let quiet = last_heard
+                        .get(peer)
+                        .is_none_or(|at| now.saturating_duration_since(*at) > silence);
+                    quiet && silent.insert(*peer)
+                })
+                .collect()
+        };
+        for peer in newly_silent {
+            tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
+            workers
+                .broadcast(|| WorkerInput::PeerDisconnected(peer))
+                .await;
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A handle on one running group of machine `M`: what an embedder calls.
+/// Cheap to clone; calls from many tasks at once are fine.
+pub struct GroupHandle<M: StateMachine> {
+    group: GroupId,
+    workers: Workers,
+    view: Arc<Mutex<GroupView>>,
+    machine: PhantomData<fn() -> M>,
+}
+
+impl<M: StateMachine> Clone for GroupHandle<M> {
+    fn clone(&self) -> Self {
+        GroupHandle {
+            group: self.group,
+            workers: self.workers.clone(),
+            view: self.view.clone(),
+            machine: PhantomData,
+        }
+    }
+}
+
+impl<M: StateMachine> GroupHandle<M> {
+    /// The group's id.
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    /// Proposes a command and waits until it is applied on this node;
+    /// returns what the machine answered. A follower forwards it to the
+    /// leader. On an error the command may or may not have been applied
+    /// (a timeout), or was certainly not ([`GroupError::Dropped`], and
+    /// every engine refusal before the proposal entered the log).
+    pub async fn propose(&self, command: impl Into<Bytes>) -> Result<M::Response, GroupError> {
+        let command = command.into();
+        self.call(|reply| Call::Propose { command, reply }).await
+    }
+
+    /// Answers a query against the machine's applied state, once the
+    /// consistency asked for is met (linearizable: every write acknowledged
+    /// before the call is visible).
+    pub async fn query(
+        &self,
+        query: M::Query,
+        consistency: ReadConsistency,
+    ) -> Result<M::QueryResponse, GroupError> {
+        self.call(|reply| Call::Query {
+            query,
+            consistency,
+            reply,
+        })
+        .await
+    }
+
+    /// Waits until this node's machine has applied everything the
+    /// consistency asks for, and returns the index applied: for an embedder
+    /// that reads the machine's state itself (shared with its own threads)
+    /// rather than through [`GroupHandle::query`].
+    pub async fn read_barrier(&self, consistency: ReadConsistency) -> Result<Index, GroupError> {
+        self.call(|reply| Call::Barrier { consistency, reply })
+            .await
+    }
+
+    /// The group's state on this node as of its last step, without a call
+    /// to its worker.
+    pub fn view(&self) -> GroupView {
+        self.view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Reads a field of the group's view without copying all of it.
+    pub fn view_with<T>(&self, read: impl FnOnce(&GroupView) -> T) -> T {
+        read(
+            &self
+                .view
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    /// Adds or removes a member, or promotes a learner; waits until the new
+    /// configuration is applied here and returns its log index.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<Index, GroupError> {
+        self.call(|reply| Call::ChangeMembership { change, reply })
+            .await
+    }
+
+    /// Asks the leader to hand leadership to `to`.
+    pub async fn transfer_leadership(&self, to: NodeId) -> Result<(), GroupError> {
+        self.call(|reply| Call::TransferLeadership { to, reply })
+            .await
+    }
+
+    /// Asks this node to stand for election in the group now (after a
+    /// pre-vote when the engine's `pre_vote` is on, so a healthy leader
+    /// keeps its place).
+    pub async fn campaign(&self) -> Result<ferry_raft::CampaignOutcome, GroupError> {
+        self.call(|reply| Call::Campaign { reply }).await
+    }
+
+    /// The group's state on this node.
+    pub async fn status(&self) -> Result<Status, GroupError> {
+        self.call(|reply| Call::Status { reply }).await
+    }
+
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, GroupError>>) -> Call<M>,
+    ) -> Result<T, GroupError> {
+        let group = self.group;
+        let (reply, answer) = oneshot::channel();
+        let call = Box::new(make(reply));
+        if !self
+            .workers
+            .input(group, WorkerInput::Call { group, call })
+            .await
+        {
+            return Err(GroupError::NotRunning { group });
+        }
+        answer.await.map_err(|_| GroupError::NotRunning { group })?
+    }
+}

@@ -1,0 +1,598 @@
+//! The task that owns the node's storage: one write-ahead log for every
+//! group, with group commit, and the groups' snapshot files.
+//!
+//! Workers send it what their engines asked for ([`LogRequest`]); it
+//! appends as they come and keeps one sync in flight: while a sync runs on
+//! a blocking thread, appends from every group go on, and the next sync
+//! covers them all. When a sync completes, each group whose writes it
+//! covered is told how far it is durable ([`Completion::Persisted`]).
+//!
+//! Workers wait when its queue is full (the log is the node's bottleneck
+//! and that is the right place for back pressure); it never waits on a
+//! worker: completions go on unbounded queues, whose length is bounded by
+//! what was asked (one `Persisted` per group per sync, one answer per
+//! request).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use ferry_raft::{GroupId, Index, NodeId, PersistRequest, SnapshotMeta};
+use ferry_storage::{FsDisk, GroupRecovery, PendingSync, SnapshotWriter, Storage, StorageError};
+
+use crate::machine::SnapshotSource;
+use crate::worker::{Completion, Workers};
+
+/// What a worker asks of the storage.
+pub(crate) enum LogRequest {
+    /// Append an engine's persist request (hard state and entries).
+    Append {
+        group: GroupId,
+        request: PersistRequest,
+    },
+    /// Compact a group's log through an index (its snapshot covers it).
+    Compact { group: GroupId, through: Index },
+    /// Read a chunk of a group's snapshot for a follower.
+    ReadChunk {
+        group: GroupId,
+        to: NodeId,
+        snapshot_index: Index,
+        offset: u64,
+        max_bytes: u64,
+    },
+    /// Read a group's whole snapshot (to restore its machine at start).
+    ReadSnapshot {
+        group: GroupId,
+        index: Index,
+        reply: tokio::sync::oneshot::Sender<Result<Option<Vec<u8>>, StorageError>>,
+    },
+    /// Write a local snapshot of a group's machine from a consistent view.
+    TakeSnapshot {
+        group: GroupId,
+        meta: SnapshotMeta,
+        source: Box<dyn SnapshotSource>,
+    },
+    /// Write a chunk of a snapshot arriving from the leader.
+    SaveChunk {
+        group: GroupId,
+        meta: SnapshotMeta,
+        offset: u64,
+        data: Bytes,
+        done: bool,
+    },
+    /// Install the received snapshot (its machine restored from it): the
+    /// group's log is reset to it, durably with the next sync.
+    InstallReceived { group: GroupId, offset: u64 },
+    /// Forget a received snapshot (it did not restore).
+    AbandonReceived { group: GroupId },
+    /// What a stopped group's storage holds, to start it again from; answered
+    /// once everything written for it is synced.
+    Recover {
+        group: GroupId,
+        reply: tokio::sync::oneshot::Sender<Result<Option<GroupRecovery>, StorageError>>,
+    },
+    /// Delete a group's log and snapshots.
+    RemoveGroup {
+        group: GroupId,
+        reply: tokio::sync::oneshot::Sender<Result<(), StorageError>>,
+    },
+}
+
+/// What the log task hands back to itself from blocking threads.
+enum Finished {
+    /// A sync ran.
+    Synced(PendingSync<FsDisk>, std::io::Result<()>),
+    /// A local snapshot's data was written and sealed (or not).
+    SnapshotWritten {
+        writer: SnapshotWriter<FsDisk>,
+        outcome: Result<u64, StorageError>,
+    },
+    /// A received snapshot's file was sealed (or not).
+    ReceivedSealed {
+        writer: SnapshotWriter<FsDisk>,
+        outcome: Result<(), StorageError>,
+        offset: u64,
+    },
+}
+
+/// What is answered once the writes before it are synced.
+enum AfterSync {
+    /// A received snapshot was installed: its log reset is durable.
+    Installed {
+        group: GroupId,
+        index: Index,
+        offset: u64,
+    },
+    /// A stopped group's state is asked for.
+    Recover {
+        group: GroupId,
+        reply: tokio::sync::oneshot::Sender<Result<Option<GroupRecovery>, StorageError>>,
+    },
+}
+
+impl AfterSync {
+    fn answer(self, storage: &Storage<FsDisk>, workers: &Workers) {
+        match self {
+            AfterSync::Installed {
+                group,
+                index,
+                offset,
+            } => workers.complete(group, Completion::Installed { index, offset }),
+            AfterSync::Recover { group, reply } => {
+                let _ = reply.send(recovery(storage, group));
+            }
+        }
+    }
+}
+
+/// A group's durable state as the storage holds it now (all synced).
+fn recovery(
+    storage: &Storage<FsDisk>,
+    group: GroupId,
+) -> Result<Option<GroupRecovery>, StorageError> {
+    let snapshot = storage.snapshots.latest(group).cloned();
+    let Some(hard_state) = storage.wal.hard_state(group) else {
+        return Ok(snapshot.map(|snapshot| GroupRecovery {
+            snapshot: Some(snapshot),
+            ..GroupRecovery::default()
+        }));
+    };
+    let entries = match (
+        storage.wal.first_index(group),
+        storage.wal.last_index(group),
+    ) {
+        (Some(first), Some(last)) if first <= last => {
+            storage
+                .wal
+                .entries(group, first, last.saturating_add(1), u64::MAX)?
+        }
+        _ => Vec::new(),
+    };
+    Ok(Some(GroupRecovery {
+        hard_state,
+        snapshot,
+        entries,
+    }))
+}
+
+/// A snapshot being received for a group.
+struct Receiving {
+    writer: Option<SnapshotWriter<FsDisk>>,
+    index: Index,
+}
+
+/// Why the log task stopped: the storage failed in a way that loses
+/// durability (a failed write or sync), and every group on the node must
+/// stop.
+#[derive(Debug, thiserror::Error)]
+#[error("storage failed: {0}; the node cannot go on without losing durability")]
+pub struct LogFailed(#[from] pub StorageError);
+
+/// Counters of what the log did, for figures and status.
+#[derive(Debug, Default)]
+pub struct LogCounters {
+    /// Syncs completed.
+    pub syncs: AtomicU64,
+    /// Persist requests appended (one per group step that wrote).
+    pub appends: AtomicU64,
+    /// Entries appended.
+    pub entries: AtomicU64,
+}
+
+/// Storage shortages the log waits out, in words, for the host's status.
+#[derive(Debug, Default)]
+pub(crate) struct Troubles {
+    /// The log cannot start a new segment and writes on in the current one.
+    rotation: std::sync::Mutex<Option<String>>,
+    /// Groups whose last local snapshot could not be written, and why.
+    snapshots: std::sync::Mutex<BTreeMap<GroupId, String>>,
+}
+
+impl Troubles {
+    pub(crate) fn list(&self) -> Vec<String> {
+        let mut list: Vec<String> = lock(&self.rotation).iter().cloned().collect();
+        list.extend(lock(&self.snapshots).iter().map(|(group, error)| {
+            format!("storage: group {group}: cannot take a snapshot: {error}")
+        }));
+        list
+    }
+
+    fn watch_rotation(&self, storage: &Storage<FsDisk>) {
+        let now = storage.wal.rotation_deferred().map(|error| {
+            format!(
+                "storage: cannot start a new log segment, writing on in the current one: {error}"
+            )
+        });
+        let mut rotation = lock(&self.rotation);
+        if *rotation != now {
+            match &now {
+                Some(text) => tracing::warn!("{text}; retrying as the segment grows"),
+                None => tracing::info!("the log starts new segments again"),
+            }
+            *rotation = now;
+        }
+    }
+
+    fn snapshot(&self, group: GroupId, error: Option<String>) {
+        let mut snapshots = lock(&self.snapshots);
+        match error {
+            Some(error) => snapshots.insert(group, error),
+            None => snapshots.remove(&group),
+        };
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs the log until every sender is gone, or the storage fails.
+pub(crate) async fn run(
+    mut storage: Storage<FsDisk>,
+    mut requests: mpsc::Receiver<LogRequest>,
+    workers: Workers,
+    counters: Arc<LogCounters>,
+    troubles: Arc<Troubles>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), LogFailed> {
+    let (finished_tx, mut finished) = mpsc::unbounded_channel::<Finished>();
+    let mut sync_in_flight = false;
+    let mut receiving: BTreeMap<GroupId, Receiving> = BTreeMap::new();
+    // What waits for the sync in flight to complete.
+    let mut after_sync: Vec<AfterSync> = Vec::new();
+    // What waits for a sync that starts after it was asked.
+    let mut waiting: Vec<AfterSync> = Vec::new();
+    let mut requests_open = true;
+    loop {
+        if !sync_in_flight {
+            match storage.wal.prepare_sync()? {
+                Some(pending) => {
+                    sync_in_flight = true;
+                    after_sync.append(&mut waiting);
+                    let done = finished_tx.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let outcome = pending.execute();
+                        let _ = done.send(Finished::Synced(pending, outcome));
+                    });
+                }
+                None => {
+                    // Nothing unsynced: what waits is durable already.
+                    for done in waiting.drain(..) {
+                        done.answer(&storage, &workers);
+                    }
+                }
+            }
+        }
+        if !requests_open && !sync_in_flight {
+            break;
+        }
+        tokio::select! {
+            biased;
+            Some(done) = finished.recv() => match done {
+                Finished::Synced(pending, outcome) => {
+                    sync_in_flight = false;
+                    let seqs = storage.wal.complete_sync(pending, outcome)?;
+                    counters.syncs.fetch_add(1, Ordering::Relaxed);
+                    troubles.watch_rotation(&storage);
+                    for (group, seq) in seqs {
+                        workers.complete(group, Completion::Persisted { seq });
+                    }
+                    for done in after_sync.drain(..) {
+                        done.answer(&storage, &workers);
+                    }
+                }
+                Finished::SnapshotWritten { writer, outcome } => {
+                    let group = writer.group();
+                    let index = writer.meta().index;
+                    let outcome = outcome.and_then(|bytes| {
+                        storage.save_snapshot(writer).map(|_| bytes)
+                    });
+                    match outcome {
+                        Ok(bytes) => {
+                            troubles.snapshot(group, None);
+                            workers.complete(group, Completion::SnapshotTaken { index, bytes })
+                        }
+                        Err(error) if error.is_transient() => {
+                            troubles.snapshot(group, Some(error.to_string()));
+                            workers.complete(group, Completion::SnapshotFailed { index, error: error.to_string() })
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                Finished::ReceivedSealed { writer, outcome, offset } => {
+                    let group = writer.group();
+                    let index = writer.meta().index;
+                    let ok = match outcome {
+                        Ok(()) => {
+                            receiving.insert(group, Receiving { writer: Some(writer), index });
+                            true
+                        }
+                        Err(error) if error.is_transient() => {
+                            storage.abandon_snapshot(writer);
+                            false
+                        }
+                        Err(error) => return Err(error.into()),
+                    };
+                    workers.complete(group, Completion::ChunkSaved { index, offset, ok, last: true });
+                }
+            },
+            _ = shutdown.wait_for(|stop| *stop), if requests_open => requests_open = false,
+            request = requests.recv(), if requests_open => match request {
+                None => requests_open = false,
+                Some(request) => {
+                    if let LogRequest::Append { request, .. } = &request {
+                        counters.appends.fetch_add(1, Ordering::Relaxed);
+                        counters.entries.fetch_add(request.entries.len() as u64, Ordering::Relaxed);
+                    }
+                    handle(
+                    &mut storage,
+                    request,
+                    &workers,
+                    &finished_tx,
+                    &mut receiving,
+                    &mut waiting,
+                    )?
+                }
+            },
+        }
+    }
+    storage.wal.sync()?;
+    Ok(())
+}
+
+fn handle(
+    storage: &mut Storage<FsDisk>,
+    request: LogRequest,
+    workers: &Workers,
+    finished: &mpsc::UnboundedSender<Finished>,
+    receiving: &mut BTreeMap<GroupId, Receiving>,
+    waiting: &mut Vec<AfterSync>,
+) -> Result<(), LogFailed> {
+    match request {
+        LogRequest::Append { group, request } => storage.wal.append(group, &request)?,
+        LogRequest::Compact { group, through } => storage.wal.compact(group, through)?,
+        LogRequest::ReadChunk {
+            group,
+            to,
+            snapshot_index,
+            offset,
+            max_bytes,
+        } => {
+            match storage
+                .snapshots
+                .read_chunk(group, snapshot_index, offset, max_bytes)
+            {
+                Ok(chunk) => workers.complete(
+                    group,
+                    Completion::ChunkLoaded {
+                        to,
+                        snapshot_index,
+                        offset,
+                        chunk,
+                    },
+                ),
+                // Not answered: the engine asks again after its chunk
+                // timeout.
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(group, %error, "cannot read a snapshot chunk for now");
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        LogRequest::ReadSnapshot {
+            group,
+            index,
+            reply,
+        } => {
+            let _ = reply.send(storage.snapshots.read_all(group, index));
+        }
+        LogRequest::TakeSnapshot {
+            group,
+            meta,
+            mut source,
+        } => {
+            let index = meta.index;
+            let mut writer = match storage.begin_snapshot(group, meta) {
+                Ok(writer) => writer,
+                Err(error) if error.is_transient() => {
+                    workers.complete(
+                        group,
+                        Completion::SnapshotFailed {
+                            index,
+                            error: error.to_string(),
+                        },
+                    );
+                    return Ok(());
+                }
+                Err(error) => return Err(error.into()),
+            };
+            let done = finished.clone();
+            tokio::task::spawn_blocking(move || {
+                let started = Instant::now();
+                let outcome = write_source(&mut *source, &mut writer).and_then(|bytes| {
+                    writer.seal()?;
+                    Ok(bytes)
+                });
+                tracing::debug!(
+                    group,
+                    index,
+                    ms = started.elapsed().as_millis() as u64,
+                    "wrote a snapshot"
+                );
+                let _ = done.send(Finished::SnapshotWritten { writer, outcome });
+            });
+        }
+        LogRequest::SaveChunk {
+            group,
+            meta,
+            offset,
+            data,
+            done,
+        } => {
+            let index = meta.index;
+            if offset == 0 {
+                if let Some(old) = receiving.remove(&group).and_then(|r| r.writer) {
+                    storage.abandon_snapshot(old);
+                }
+                match storage.begin_snapshot(group, meta) {
+                    Ok(writer) => {
+                        receiving.insert(
+                            group,
+                            Receiving {
+                                writer: Some(writer),
+                                index,
+                            },
+                        );
+                    }
+                    Err(error) if error.is_transient() => {
+                        workers.complete(
+                            group,
+                            Completion::ChunkSaved {
+                                index,
+                                offset,
+                                ok: false,
+                                last: done,
+                            },
+                        );
+                        return Ok(());
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let Some(entry) = receiving.get_mut(&group).filter(|r| r.index == index) else {
+                // A chunk of a transfer that is not the one being written
+                // (its start was lost): refused, the leader starts over.
+                workers.complete(
+                    group,
+                    Completion::ChunkSaved {
+                        index,
+                        offset,
+                        ok: false,
+                        last: done,
+                    },
+                );
+                return Ok(());
+            };
+            let Some(mut writer) = entry.writer.take() else {
+                return Ok(());
+            };
+            // Any error here concerns only the file being received, which
+            // is not part of the store yet: the transfer is refused and the
+            // leader starts over.
+            let written = writer.write(offset, &data);
+            match written {
+                Ok(()) if done => {
+                    receiving.remove(&group);
+                    let finished = finished.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let outcome = writer.seal();
+                        let _ = finished.send(Finished::ReceivedSealed {
+                            writer,
+                            outcome,
+                            offset,
+                        });
+                    });
+                }
+                Ok(()) => {
+                    entry.writer = Some(writer);
+                    workers.complete(
+                        group,
+                        Completion::ChunkSaved {
+                            index,
+                            offset,
+                            ok: true,
+                            last: false,
+                        },
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(group, index, offset, %error, "could not save a snapshot chunk; the leader will start over");
+                    receiving.remove(&group);
+                    storage.abandon_snapshot(writer);
+                    workers.complete(
+                        group,
+                        Completion::ChunkSaved {
+                            index,
+                            offset,
+                            ok: false,
+                            last: done,
+                        },
+                    );
+                }
+            }
+        }
+        LogRequest::InstallReceived { group, offset } => {
+            let Some(writer) = receiving.remove(&group).and_then(|r| r.writer) else {
+                return Ok(());
+            };
+            let index = writer.meta().index;
+            storage.install_snapshot(writer)?;
+            waiting.push(AfterSync::Installed {
+                group,
+                index,
+                offset,
+            });
+        }
+        LogRequest::AbandonReceived { group } => {
+            if let Some(writer) = receiving.remove(&group).and_then(|r| r.writer) {
+                storage.abandon_snapshot(writer);
+            }
+        }
+        LogRequest::Recover { group, reply } => waiting.push(AfterSync::Recover { group, reply }),
+        LogRequest::RemoveGroup { group, reply } => {
+            if let Some(writer) = receiving.remove(&group).and_then(|r| r.writer) {
+                storage.abandon_snapshot(writer);
+            }
+            let outcome = storage.remove_group(group).map(|_| ());
+            let _ = reply.send(outcome);
+        }
+    }
+    Ok(())
+}
+
+/// Writes a machine's snapshot into a snapshot file, in the pieces the
+/// machine writes.
+fn write_source(
+    source: &mut dyn SnapshotSource,
+    writer: &mut SnapshotWriter<FsDisk>,
+) -> Result<u64, StorageError> {
+    struct Adapter<'a> {
+        writer: &'a mut SnapshotWriter<FsDisk>,
+        error: Option<StorageError>,
+    }
+    impl std::io::Write for Adapter<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let offset = self.writer.data_bytes();
+            match self.writer.write(offset, buf) {
+                Ok(()) => Ok(buf.len()),
+                Err(error) => {
+                    let text = error.to_string();
+                    self.error = Some(error);
+                    Err(std::io::Error::other(text))
+                }
+            }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let writer_group = writer.group();
+    let mut adapter = Adapter {
+        writer,
+        error: None,
+    };
+    match source.write_to(&mut adapter) {
+        Ok(bytes) => Ok(bytes),
+        Err(error) => Err(adapter.error.take().unwrap_or_else(|| StorageError::Io {
+            op: "write the snapshot of",
+            path: std::path::PathBuf::from(format!("group {}", writer_group)),
+            source: error,
+        })),
+    }
+}

@@ -1,0 +1,292 @@
+//! Workers: the tasks that run the groups.
+//!
+//! Each group belongs to one worker, chosen by its id, for its whole life,
+//! so that its inputs are handled in order; the workers run on tokio's
+//! threads, so a node with N cores runs N groups' steps at once and one busy
+//! group delays only the groups of its own worker. A worker owns its
+//! groups outright (engine, machine, waiters): nothing in it is locked.
+//!
+//! A worker takes three kinds of input, in this order of priority:
+//! completions of storage requests (unbounded: they answer what the worker
+//! asked, one per request or per sync), its clock's ticks, and inputs from
+//! outside (peer messages, client calls, group starts and stops; bounded,
+//! so that a flood of them waits in the transport or in the caller).
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use ferry_raft::{GroupId, Index, Message, NodeId};
+
+use crate::error::GroupError;
+use crate::log_task::LogRequest;
+use crate::transport::BufferLease;
+
+/// The most inputs queued for one worker before senders wait.
+pub(crate) const WORKER_INPUTS_QUEUED_MAX: usize = 4096;
+
+/// An input to a worker from outside.
+pub(crate) enum WorkerInput {
+    /// A message from a peer for one of the worker's groups. The lease
+    /// holds the frame's share of the transport's inbound budget until the
+    /// message is taken in.
+    Message(Message, BufferLease),
+    /// The link to a peer node came up: every group hears of it.
+    PeerConnected(NodeId),
+    /// The link to a peer node went down.
+    PeerDisconnected(NodeId),
+    /// A call from a group handle (a `Call<M>` of the group's machine).
+    Call {
+        group: GroupId,
+        call: Box<dyn Any + Send>,
+    },
+    /// Start running a group.
+    Start {
+        group: GroupId,
+        runner: Box<dyn GroupRun>,
+        reply: oneshot::Sender<Result<(), GroupError>>,
+    },
+    /// Stop running a group (its data stays).
+    Stop {
+        group: GroupId,
+        reply: oneshot::Sender<Result<(), GroupError>>,
+    },
+}
+
+/// The answer to something a group asked of the storage.
+pub(crate) enum Completion {
+    /// The group's writes through `seq` are durable.
+    Persisted { seq: u64 },
+    /// A snapshot chunk for a follower was read.
+    ChunkLoaded {
+        to: NodeId,
+        snapshot_index: Index,
+        offset: u64,
+        /// The data and whether it is the last chunk; `None` if the
+        /// snapshot is gone (a newer one replaced it).
+        chunk: Option<(bytes::Bytes, bool)>,
+    },
+    /// A chunk of a snapshot from the leader was written (`last`: it was
+    /// the last, and the file is sealed).
+    ChunkSaved {
+        index: Index,
+        offset: u64,
+        ok: bool,
+        last: bool,
+    },
+    /// A group's machine is back from restoring a received snapshot on a
+    /// blocking thread (a `M` boxed), with the snapshot's size or why it
+    /// did not restore.
+    Restored {
+        machine: Box<dyn Any + Send>,
+        outcome: Result<u64, String>,
+        index: Index,
+        offset: u64,
+    },
+    /// The received snapshot is installed, durably.
+    Installed { index: Index, offset: u64 },
+    /// A local snapshot was written and saved.
+    SnapshotTaken { index: Index, bytes: u64 },
+    /// A local snapshot could not be written for now (no descriptors or
+    /// space); nothing was lost.
+    SnapshotFailed { index: Index, error: String },
+}
+
+/// What a worker's group does with its inputs: [`crate::group::Group`] for
+/// any machine, behind one object-safe face.
+pub(crate) trait GroupRun: Send {
+    /// A message from a peer.
+    fn message(&mut self, message: Message, out: &mut Outbox);
+    /// A peer node's link came up or went down.
+    fn peer(&mut self, peer: NodeId, up: bool, out: &mut Outbox);
+    /// A call from the group's handle.
+    fn call(&mut self, call: Box<dyn Any + Send>, out: &mut Outbox);
+    /// One tick of the clock.
+    fn tick(&mut self, out: &mut Outbox);
+    /// A storage completion.
+    fn complete(&mut self, completion: Completion, out: &mut Outbox);
+    /// The group is being stopped: every caller waiting is told.
+    fn stop(&mut self);
+}
+
+/// What a group's step wants sent to the storage, in order. The worker
+/// sends it after the step (waiting if the log's queue is full).
+#[derive(Default)]
+pub(crate) struct Outbox {
+    pub(crate) log: Vec<LogRequest>,
+}
+
+/// The senders of every worker: where the host, the transport's router and
+/// the log task send to.
+#[derive(Clone)]
+pub(crate) struct Workers {
+    inputs: Arc<[mpsc::Sender<WorkerInput>]>,
+    completions: Arc<[mpsc::UnboundedSender<(GroupId, Completion)>]>,
+}
+
+impl Workers {
+    /// The index of the worker that owns `group`.
+    fn of(&self, group: GroupId) -> usize {
+        // Consecutive ids spread evenly; the multiplier mixes the rest.
+        (group.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % self.inputs.len()
+    }
+
+    /// Sends an input to the worker of `group`, waiting while its queue is
+    /// full. False if the worker is gone (the host is stopping).
+    pub(crate) async fn input(&self, group: GroupId, input: WorkerInput) -> bool {
+        self.inputs[self.of(group)].send(input).await.is_ok()
+    }
+
+    /// Sends an input to every worker (a peer's link state).
+    pub(crate) async fn broadcast(&self, input: impl Fn() -> WorkerInput) {
+        for sender in self.inputs.iter() {
+            let _ = sender.send(input()).await;
+        }
+    }
+
+    /// Hands a storage completion to the worker of `group`. Never waits.
+    pub(crate) fn complete(&self, group: GroupId, completion: Completion) {
+        let _ = self.completions[self.of(group)].send((group, completion));
+    }
+}
+
+/// Starts `count` workers ticking every `tick`, sending their storage
+/// requests to `log`.
+pub(crate) fn spawn(
+    count: usize,
+    tick: Duration,
+    log: mpsc::Sender<LogRequest>,
+) -> (Workers, Vec<tokio::task::JoinHandle<()>>) {
+    let count = count.max(1);
+    let mut inputs = Vec::with_capacity(count);
+    let mut completions = Vec::with_capacity(count);
+    let mut tasks = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (input_tx, input_rx) = mpsc::channel(WORKER_INPUTS_QUEUED_MAX);
+        let (completion_tx, completion_rx) = mpsc::unbounded_channel();
+        inputs.push(input_tx);
+        completions.push(completion_tx);
+        let worker = Worker {
+            groups: BTreeMap::new(),
+            log: log.clone(),
+            outbox: Outbox::default(),
+        };
+        tasks.push(tokio::spawn(worker.run(tick, input_rx, completion_rx)));
+    }
+    (
+        Workers {
+            inputs: inputs.into(),
+            completions: completions.into(),
+        },
+        tasks,
+    )
+}
+
+struct Worker {
+    groups: BTreeMap<GroupId, Box<dyn GroupRun>>,
+    log: mpsc::Sender<LogRequest>,
+    outbox: Outbox,
+}
+
+impl Worker {
+    async fn run(
+        mut self,
+        tick: Duration,
+        mut inputs: mpsc::Receiver<WorkerInput>,
+        mut completions: mpsc::UnboundedReceiver<(GroupId, Completion)>,
+    ) {
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                Some((group, completion)) = completions.recv() => {
+                    if let Some(run) = self.groups.get_mut(&group) {
+                        run.complete(completion, &mut self.outbox);
+                    }
+                }
+                _ = ticker.tick() => {
+                    for run in self.groups.values_mut() {
+                        run.tick(&mut self.outbox);
+                    }
+                }
+                input = inputs.recv() => match input {
+                    None => break,
+                    Some(input) => self.input(input),
+                },
+            }
+            for request in self.outbox.log.drain(..) {
+                if self.log.send(request).await.is_err() {
+                    // The log stopped (a storage failure): nothing can be
+                    // made durable any more, so nothing may go on.
+                    for run in self.groups.values_mut() {
+                        run.stop();
+                    }
+                    return;
+                }
+            }
+        }
+        for run in self.groups.values_mut() {
+            run.stop();
+        }
+    }
+
+    fn input(&mut self, input: WorkerInput) {
+        match input {
+            WorkerInput::Message(message, _lease) => {
+                match self.groups.get_mut(&message.group) {
+                    Some(run) => run.message(message, &mut self.outbox),
+                    // A group not (or no longer) running here: its peers'
+                    // timers send again once it runs.
+                    None => tracing::trace!(
+                        group = message.group,
+                        "message for a group not running here"
+                    ),
+                }
+            }
+            WorkerInput::PeerConnected(peer) => {
+                for run in self.groups.values_mut() {
+                    run.peer(peer, true, &mut self.outbox);
+                }
+            }
+            WorkerInput::PeerDisconnected(peer) => {
+                for run in self.groups.values_mut() {
+                    run.peer(peer, false, &mut self.outbox);
+                }
+            }
+            WorkerInput::Call { group, call } => match self.groups.get_mut(&group) {
+                Some(run) => run.call(call, &mut self.outbox),
+                // Dropping the call drops its reply sender: the caller
+                // sees the group as not running.
+                None => drop(call),
+            },
+            WorkerInput::Start {
+                group,
+                mut runner,
+                reply,
+            } => {
+                if self.groups.contains_key(&group) {
+                    let _ = reply.send(Err(GroupError::AlreadyRunning { group }));
+                    return;
+                }
+                // The first tick applies what the log holds beyond the
+                // snapshot before any call is served.
+                runner.tick(&mut self.outbox);
+                self.groups.insert(group, runner);
+                let _ = reply.send(Ok(()));
+            }
+            WorkerInput::Stop { group, reply } => match self.groups.remove(&group) {
+                Some(mut run) => {
+                    run.stop();
+                    let _ = reply.send(Ok(()));
+                }
+                None => {
+                    let _ = reply.send(Err(GroupError::NotRunning { group }));
+                }
+            },
+        }
+    }
+}

@@ -1,0 +1,702 @@
+//! Three node hosts in one process over loopback, running many groups of a
+//! small machine: proposals through any member, linearizable queries, a
+//! host that stops and the groups it led, a host that restarts from its
+//! data directory, and a member that joins late and catches up from a
+//! snapshot.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_runtime::{
+    BytesSnapshot, Command, GroupError, GroupHandle, HostConfig, Membership, NodeHost,
+    ReadConsistency, RestoreError, SnapshotPolicy, SnapshotSource, StateMachine,
+};
+
+/// A log of the commands applied, as text: every member must hold the same.
+#[derive(Default)]
+struct Journal {
+    lines: Vec<String>,
+    /// While set, every restore fails (as a damaged snapshot would).
+    refuse_restores: Option<Arc<AtomicBool>>,
+}
+
+impl StateMachine for Journal {
+    type Response = usize;
+    type Query = ();
+    type QueryResponse = Vec<String>;
+
+    fn apply(&mut self, command: Command<'_>) -> usize {
+        self.lines
+            .push(String::from_utf8_lossy(command.data).into_owned());
+        self.lines.len()
+    }
+
+    fn query(&self, (): ()) -> Vec<String> {
+        self.lines.clone()
+    }
+
+    fn snapshot(&self) -> Box<dyn SnapshotSource> {
+        Box::new(BytesSnapshot(self.lines.join("\n").into_bytes().into()))
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        if self
+            .refuse_restores
+            .as_ref()
+            .is_some_and(|refuse| refuse.load(Ordering::SeqCst))
+        {
+            return Err(RestoreError::new("refused by the test"));
+        }
+        let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
+        self.lines = if text.is_empty() {
+            Vec::new()
+        } else {
+            text.split('\n').map(str::to_owned).collect()
+        };
+        Ok(())
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    dir: PathBuf,
+    ports: BTreeMap<u64, u16>,
+    hosts: BTreeMap<u64, NodeHost>,
+}
+
+impl Cluster {
+    fn new(name: &str, nodes: u64) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("ferry-runtime-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Cluster {
+            dir,
+            ports: (1..=nodes).map(|id| (id, free_port())).collect(),
+            hosts: BTreeMap::new(),
+        }
+    }
+
+    fn config(&self, id: u64) -> HostConfig {
+        let mut config = HostConfig::new(
+            id,
+            self.dir.join(format!("node-{id}")),
+            format!("127.0.0.1:{}", self.ports[&id]).parse().unwrap(),
+        );
+        for (peer, port) in &self.ports {
+            if *peer != id {
+                config.peers.insert(*peer, format!("127.0.0.1:{port}"));
+            }
+        }
+        config.workers = 2;
+        config.tick_interval = Duration::from_millis(20);
+        // Small snapshots often, so that the tests see them.
+        config.snapshot_policy = SnapshotPolicy {
+            log_bytes_min: 2000,
+            log_to_snapshot_percent: 100,
+            entries_max: None,
+        };
+        config.engine.compaction_lag_entries = 5;
+        config
+    }
+
+    async fn start(&mut self, id: u64) -> &NodeHost {
+        let host = NodeHost::start(self.config(id)).await.unwrap();
+        self.hosts.insert(id, host);
+        &self.hosts[&id]
+    }
+
+    async fn stop(&mut self, id: u64) {
+        if let Some(host) = self.hosts.remove(&id) {
+            host.shutdown().await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Proposes `data` through `handle` until it is accepted (no leader yet
+/// and forwarding races are retried), within 20 s.
+async fn propose(handle: &GroupHandle<Journal>, data: String) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match handle.propose(data.clone().into_bytes()).await {
+            Ok(length) => return length,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "group {}: {data}: {error}",
+                    handle.group()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn read(handle: &GroupHandle<Journal>) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match handle.query((), ReadConsistency::Linearizable).await {
+            Ok(lines) => return lines,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "group {}: read: {error}",
+                    handle.group()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn leader_of(handle: &GroupHandle<Journal>) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(status) = handle.status().await {
+            if let Some(leader) = status.leader {
+                return leader;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {} elects no leader",
+            handle.group()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const GROUPS: u64 = 24;
+
+async fn start_groups(host: &NodeHost, voters: &[u64]) -> BTreeMap<u64, GroupHandle<Journal>> {
+    let mut handles = BTreeMap::new();
+    for group in 1..=GROUPS {
+        let handle = host
+            .start_group(
+                group,
+                Membership::Found(voters.to_vec()),
+                Journal::default(),
+            )
+            .await
+            .unwrap();
+        handles.insert(group, handle);
+    }
+    handles
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_groups_replicate_through_any_member_and_survive_a_host_stopping() {
+    let mut cluster = Cluster::new("many", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=3 {
+        let host = cluster.start(id).await.clone();
+        handles.insert(id, start_groups(&host, &[1, 2, 3]).await);
+    }
+    // Every group takes writes through every member.
+    for group in 1..=GROUPS {
+        for id in 1..=3u64 {
+            propose(&handles[&id][&group], format!("g{group}-n{id}")).await;
+        }
+    }
+    for group in 1..=GROUPS {
+        for id in 1..=3u64 {
+            let lines = read(&handles[&id][&group]).await;
+            assert_eq!(lines.len(), 3, "group {group} on node {id}: {lines:?}");
+        }
+    }
+    // Idle, every group goes quiet on every node.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !handles
+        .values()
+        .all(|groups| groups.values().all(|handle| handle.view().quiescent))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the idle groups never went quiet"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Stop the host that leads group 1: every group it led elects another
+    // leader, and every group goes on through the other two.
+    let stopped = leader_of(&handles[&1][&1]).await;
+    handles.remove(&stopped);
+    cluster.stop(stopped).await;
+    let live: Vec<u64> = handles.keys().copied().collect();
+    for group in 1..=GROUPS {
+        let handle = &handles[&live[0]][&group];
+        propose(handle, format!("g{group}-after")).await;
+        let lines = read(&handles[&live[1]][&group]).await;
+        assert_eq!(lines.len(), 4, "group {group}: {lines:?}");
+        assert_eq!(lines[3], format!("g{group}-after"));
+        assert_ne!(leader_of(handle).await, stopped);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_restarts_from_its_data_and_a_late_member_catches_up_from_a_snapshot() {
+    let mut cluster = Cluster::new("restart", 3);
+    let mut handles = BTreeMap::new();
+    // Nodes 1 and 2 form the groups; node 3 is a founder that starts late.
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        handles.insert(id, start_groups(&host, &[1, 2, 3]).await);
+    }
+    // Enough writes for several snapshots, and a log compacted behind them.
+    let value = "x".repeat(200);
+    for group in 1..=4u64 {
+        for i in 0..40 {
+            propose(&handles[&1][&group], format!("{group}-{i}-{value}")).await;
+        }
+    }
+    let expected: BTreeMap<u64, Vec<String>> = {
+        let mut expected = BTreeMap::new();
+        for group in 1..=4u64 {
+            expected.insert(group, read(&handles[&1][&group]).await);
+        }
+        expected
+    };
+    // Node 3 joins late: it is sent a snapshot and the log after it. It
+    // takes none of its own, so a snapshot file there was received.
+    let mut config = cluster.config(3);
+    config.snapshot_policy.log_bytes_min = u64::MAX;
+    let host3 = NodeHost::start(config).await.unwrap();
+    cluster.hosts.insert(3, host3.clone());
+    let late = start_groups(&host3, &[1, 2, 3]).await;
+    for group in 1..=4u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let lines = late[&group]
+                .query((), ReadConsistency::Local { min_applied: None })
+                .await
+                .unwrap();
+            if lines == expected[&group] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {group} on the late node holds {} of {} lines",
+                lines.len(),
+                expected[&group].len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let received: Vec<String> = std::fs::read_dir(cluster.dir.join("node-3/snapshots"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".snap"))
+        .collect();
+    for group in 1..=4u64 {
+        assert!(
+            received
+                .iter()
+                .any(|name| name.starts_with(&format!("g{group:020}-"))),
+            "group {group} was caught up without a snapshot: {received:?}"
+        );
+    }
+    // Node 1 restarts from its data directory: every group resumes with
+    // its state (snapshot plus log), and takes writes again.
+    handles.remove(&1);
+    cluster.stop(1).await;
+    let host1 = cluster.start(1).await.clone();
+    let mut recovered = host1.recovered_groups();
+    recovered.sort_unstable();
+    assert_eq!(recovered, (1..=GROUPS).collect::<Vec<_>>());
+    let resumed = start_groups(&host1, &[1, 2, 3]).await;
+    for group in 1..=4u64 {
+        let length = propose(&resumed[&group], format!("{group}-after-restart")).await;
+        assert_eq!(length, expected[&group].len() + 1);
+        let lines = read(&resumed[&group]).await;
+        assert_eq!(lines[..expected[&group].len()], expected[&group][..]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_start_stop_and_are_destroyed_at_run_time() {
+    let mut cluster = Cluster::new("lifecycle", 1);
+    let host = cluster.start(1).await.clone();
+    let handle = host
+        .start_group(5, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    propose(&handle, "one".into()).await;
+    assert!(matches!(
+        host.start_group(5, Membership::Found(vec![1]), Journal::default())
+            .await,
+        Err(GroupError::AlreadyRunning { group: 5 })
+    ));
+    host.stop_group(5).await.unwrap();
+    assert!(matches!(
+        handle.propose(b"two".to_vec()).await,
+        Err(GroupError::NotRunning { group: 5 })
+    ));
+    // Started again, it resumes from the log.
+    let handle = host
+        .start_group(5, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    assert_eq!(propose(&handle, "two".into()).await, 2);
+    // Destroyed, it is gone: started again, it is new.
+    host.destroy_group(5).await.unwrap();
+    let handle = host
+        .start_group(5, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    assert_eq!(propose(&handle, "fresh".into()).await, 1);
+    drop(cluster.hosts.remove(&1));
+    host.shutdown().await;
+}
+
+/// Snapshot files of `group` in a node's snapshot directory.
+fn snapshot_files(cluster: &Cluster, id: u64, group: u64) -> Vec<String> {
+    std::fs::read_dir(cluster.dir.join(format!("node-{id}/snapshots")))
+        .map(|entries| {
+            entries
+                .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| {
+                    name.starts_with(&format!("g{group:020}-")) && name.ends_with(".snap")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_does_not_restore_is_refused_and_the_next_is_installed() {
+    let mut cluster = Cluster::new("refused", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let value = "y".repeat(200);
+    for i in 0..40 {
+        propose(&handles[&1], format!("{i}-{value}")).await;
+    }
+    let expected = read(&handles[&1]).await;
+    // Node 3 comes up late and refuses every snapshot for a while.
+    let refuse = Arc::new(AtomicBool::new(true));
+    let mut config = cluster.config(3);
+    config.snapshot_policy.log_bytes_min = u64::MAX;
+    let host3 = NodeHost::start(config).await.unwrap();
+    cluster.hosts.insert(3, host3.clone());
+    let late = host3
+        .start_group(
+            1,
+            Membership::Found(vec![1, 2, 3]),
+            Journal {
+                refuse_restores: Some(refuse.clone()),
+                ..Journal::default()
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Refused: nothing installed, and the machine holds at most what plain
+    // appends gave it before the leader's log ran out (a prefix), and the
+    // group on it still answers.
+    assert!(snapshot_files(&cluster, 3, 1).is_empty());
+    let local = late
+        .query((), ReadConsistency::Local { min_applied: None })
+        .await
+        .unwrap();
+    assert!(
+        local.len() < expected.len() && expected.starts_with(&local),
+        "node 3 holds {} lines of {} from a refused snapshot",
+        local.len(),
+        expected.len()
+    );
+    // The leader sends it again; this time it restores.
+    refuse.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = late
+            .query((), ReadConsistency::Local { min_applied: None })
+            .await
+            .unwrap();
+        if lines == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never installed a snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!snapshot_files(&cluster, 3, 1).is_empty());
+}
+
+#[tokio::test]
+async fn a_host_whose_log_lost_synced_data_refuses_to_start() {
+    let cluster = Cluster::new("lost", 1);
+    let dir = cluster.dir.join("node-1");
+    // The node voted in term 4, durably.
+    {
+        let (mut storage, _) = ferry_storage::Storage::open(
+            ferry_storage::FsDisk,
+            &dir,
+            ferry_storage::WalOptions::default(),
+        )
+        .unwrap();
+        let vote = ferry_runtime::ferry_raft::PersistRequest {
+            seq: 1,
+            hard_state: Some(ferry_runtime::ferry_raft::HardState {
+                term: 4,
+                vote: Some(2),
+                commit: 0,
+            }),
+            entries: Vec::new(),
+        };
+        storage.wal.append(1, &vote).unwrap();
+        storage.wal.sync().unwrap();
+    }
+    // Its only segment is lost.
+    for entry in std::fs::read_dir(dir.join("wal")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let error = match NodeHost::start(cluster.config(1)).await {
+        Err(error) => error,
+        Ok(host) => {
+            host.shutdown().await;
+            panic!("a host that forgot its vote started");
+        }
+    };
+    assert!(
+        matches!(
+            &error,
+            ferry_runtime::HostError::Storage {
+                source: ferry_storage::StorageError::LostSyncedData { .. },
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(text.contains("must not start as a voter"), "{text}");
+    assert!(text.contains("When the disk lies: the way back"), "{text}");
+}
+
+/// A machine that keeps its state in a file of its own: one line per
+/// command, made durable every few commands.
+struct FileJournal {
+    path: PathBuf,
+    lines: Vec<(u64, String)>,
+    durable_index: u64,
+    /// Commands this machine applied since it was created.
+    applies: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl FileJournal {
+    fn open(path: PathBuf, applies: Arc<std::sync::atomic::AtomicU64>) -> FileJournal {
+        let lines = Self::parse(&std::fs::read_to_string(&path).unwrap_or_default());
+        let durable_index = lines.last().map_or(0, |(index, _)| *index);
+        FileJournal {
+            path,
+            lines,
+            durable_index,
+            applies,
+        }
+    }
+
+    fn parse(text: &str) -> Vec<(u64, String)> {
+        text.lines()
+            .filter_map(|line| {
+                let (index, data) = line.split_once('\t')?;
+                Some((index.parse().ok()?, data.to_owned()))
+            })
+            .collect()
+    }
+
+    fn encode(&self) -> String {
+        self.lines
+            .iter()
+            .map(|(index, data)| format!("{index}\t{data}\n"))
+            .collect()
+    }
+
+    fn save(&mut self) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, self.encode()).unwrap();
+        std::fs::File::open(&tmp).unwrap().sync_all().unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
+        self.durable_index = self.lines.last().map_or(0, |(index, _)| *index);
+    }
+}
+
+impl StateMachine for FileJournal {
+    type Response = usize;
+    type Query = ();
+    type QueryResponse = Vec<String>;
+
+    fn apply(&mut self, command: Command<'_>) -> usize {
+        self.applies.fetch_add(1, Ordering::SeqCst);
+        self.lines.push((
+            command.index,
+            String::from_utf8_lossy(command.data).into_owned(),
+        ));
+        if self.lines.len() % 5 == 0 {
+            self.save();
+        }
+        self.lines.len()
+    }
+
+    fn query(&self, (): ()) -> Vec<String> {
+        self.lines.iter().map(|(_, data)| data.clone()).collect()
+    }
+
+    fn snapshot(&self) -> Box<dyn SnapshotSource> {
+        Box::new(BytesSnapshot(self.encode().into_bytes().into()))
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
+        self.lines = Self::parse(text);
+        self.save();
+        Ok(())
+    }
+
+    fn durability(&self) -> ferry_runtime::Durability {
+        ferry_runtime::Durability::Durable
+    }
+
+    fn durable_index(&self) -> u64 {
+        self.durable_index
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.lines.last().map_or(0, |(index, _)| *index)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_machine_is_compacted_behind_streamed_to_a_late_member_and_not_replayed() {
+    let mut cluster = Cluster::new("durable", 3);
+    std::fs::create_dir_all(&cluster.dir).unwrap();
+    let journal = |cluster: &Cluster, id: u64| {
+        let applies = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let machine = FileJournal::open(cluster.dir.join(format!("journal-{id}")), applies.clone());
+        (machine, applies)
+    };
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        let (machine, _) = journal(&cluster, id);
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let value = "z".repeat(200);
+    let mut expected = Vec::new();
+    for i in 0..40 {
+        let line = format!("{i}-{value}");
+        expected.push(line.clone());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(error) = handles[&1].propose(line.clone().into_bytes()).await {
+            assert!(
+                !error.outcome_unknown() && Instant::now() < deadline,
+                "{error}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The log was compacted behind what the machines made durable, with
+    // snapshot files that hold no state (markers).
+    let markers: Vec<u64> = std::fs::read_dir(cluster.dir.join("node-1/snapshots"))
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".snap"))
+        .map(|entry| entry.metadata().unwrap().len())
+        .collect();
+    assert!(!markers.is_empty(), "no compaction marker was written");
+    let state_bytes = std::fs::metadata(cluster.dir.join("journal-1"))
+        .unwrap()
+        .len();
+    assert!(
+        markers.iter().all(|bytes| *bytes < state_bytes / 4),
+        "markers of {markers:?} bytes for a state of {state_bytes}"
+    );
+    // Node 3 starts late and is sent the state streamed from a view.
+    let host3 = cluster.start(3).await.clone();
+    let (machine, _) = journal(&cluster, 3);
+    let late = host3
+        .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = late
+            .query((), ReadConsistency::Local { min_applied: None })
+            .await
+            .unwrap();
+        if lines == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 holds {} of {} lines",
+            lines.len(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It was caught up by the streamed state, not by the log alone.
+    assert!(
+        !snapshot_files(&cluster, 3, 1).is_empty(),
+        "node 3 was caught up without a snapshot"
+    );
+    // Node 1 restarts: its machine holds its state, so nothing it holds is
+    // applied again; only what follows.
+    handles.remove(&1);
+    cluster.stop(1).await;
+    let host1 = cluster.start(1).await.clone();
+    let (machine, applies) = journal(&cluster, 1);
+    let resumed = host1
+        .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match resumed.propose(b"after".to_vec()).await {
+            Ok(length) => {
+                assert_eq!(length, expected.len() + 1);
+                break;
+            }
+            Err(error) => {
+                assert!(
+                    !error.outcome_unknown() && Instant::now() < deadline,
+                    "{error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_eq!(
+        applies.load(Ordering::SeqCst),
+        1,
+        "commands the machine held were applied again"
+    );
+}

@@ -1,0 +1,452 @@
+//! Starting a node: the runtime's host with the key-value group on it, the
+//! etcd API in front, and the node's own housekeeping beside them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use ferry_raft::{GroupId, NodeId, Options, Role};
+use ferry_runtime::{
+    GroupError, GroupEvent, GroupHandle, HostConfig, HostError, Membership, NodeHost,
+    SnapshotPolicy,
+};
+use ferry_storage::{StorageError, WalOptions};
+
+use super::backend::RaftBackend;
+use super::config::NodeConfig;
+use super::machine::KvMachine;
+use super::member_addrs;
+use crate::api::EtcdApi;
+use crate::connections::{open_files_limit, split_descriptors, ConnectionLimits};
+use crate::member_id::Hex;
+use crate::state::{SharedState, StateMachine};
+
+/// The one Raft group of the key-value store.
+pub const KV_GROUP: GroupId = 1;
+/// Most leases one expiry proposal removes.
+const EXPIRED_LEASES_PER_COMMAND_MAX: usize = 64;
+/// Least election timeouts a removed member's link is kept: longer than
+/// the engine goes on replicating to it (four of the longest election
+/// timeouts, twice the least), so that it can learn of its removal.
+const RETIRING_LINK_ELECTION_TIMEOUTS: u64 = 10;
+/// Ticks before this node publishes its own addresses again when its
+/// record is not in yet: time for the proposal to apply.
+const SELF_PUBLISH_RETRY_TICKS: u64 = 50;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The storage could not be opened or recovered.
+    #[error("storage in {dir}: {source}")]
+    Storage {
+        /// The data directory.
+        dir: String,
+        /// The cause.
+        source: StorageError,
+    },
+    /// The peer transport could not start.
+    #[error(transparent)]
+    Transport(#[from] crate::peer::TransportError),
+    /// The key-value group could not start (its stored state was refused,
+    /// or its snapshot does not restore).
+    #[error("cannot start the key-value group: {0}")]
+    Group(#[from] GroupError),
+    /// The client port could not be bound.
+    #[error("cannot listen for clients on {addr}: {source}; is another process using the port?")]
+    ClientBind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl From<HostError> for StartError {
+    fn from(error: HostError) -> Self {
+        match error {
+            HostError::Storage { dir, source } => StartError::Storage { dir, source },
+            HostError::Transport(error) => StartError::Transport(error),
+        }
+    }
+}
+
+/// A running node: its API, its host and its housekeeping.
+pub struct RunningNode {
+    /// The backend the API runs on.
+    pub backend: Arc<RaftBackend>,
+    /// Where the etcd API listens.
+    pub client_addr: SocketAddr,
+    /// Where peers connect.
+    pub peer_addr: SocketAddr,
+    host: NodeHost,
+    shutdown: watch::Sender<bool>,
+    housekeeping: JoinHandle<()>,
+    api: JoinHandle<()>,
+}
+
+impl RunningNode {
+    /// Stops accepting clients, syncs the log and stops.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.api.await;
+        let _ = self.housekeeping.await;
+        self.host.shutdown().await;
+        tracing::info!("node stopped cleanly");
+    }
+
+    /// Resolves when the node stops by itself (a storage failure).
+    pub async fn stopped(&mut self) {
+        let reason = self.host.stopped().await;
+        tracing::error!("the node stopped: {reason}");
+    }
+}
+
+/// Opens the node's storage, recovers its state and starts the host, the
+/// key-value group and the etcd API.
+pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
+    // Connections get what the open files limit leaves after a reserve for
+    // the storage, so that no number of them can keep the log from
+    // creating its next segment.
+    let open_files = match open_files_limit() {
+        Ok(limit) => limit,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the open files limit; assuming 1024");
+            1024
+        }
+    };
+    let split = split_descriptors(
+        open_files,
+        config.reserved_fds,
+        config.max_client_connections,
+        config.max_peer_connections,
+    );
+    if let Some(warning) = &split.warning {
+        tracing::warn!("{warning}");
+    }
+    let per_ip = config.max_connections_per_ip.max(1);
+    let client_limits = ConnectionLimits {
+        connections_max: split.client_connections_max,
+        connections_per_ip_max: per_ip.min(split.client_connections_max),
+    };
+    let peer_limits = ConnectionLimits {
+        connections_max: split.peer_connections_max,
+        connections_per_ip_max: per_ip.min(split.peer_connections_max),
+    };
+    tracing::info!(
+        open_files,
+        reserved_fds = config.reserved_fds,
+        client_connections_max = client_limits.connections_max,
+        peer_connections_max = peer_limits.connections_max,
+        connections_per_ip_max = per_ip,
+        "connection limits"
+    );
+
+    // A log that lost data it had synced (`StorageError::LostSyncedData`)
+    // is refused here like corruption: the node must not start, least of
+    // all as a voter, and the error's message names the way back.
+    let host = NodeHost::start(host_config(&config, peer_limits)).await?;
+    let peer_addr = host.peer_addr();
+
+    let state = Arc::new(SharedState::new(StateMachine::new(
+        config.kv_limits.clone(),
+        config.watch_limits.clone(),
+    )));
+    // One clock for lease deadlines: the machine starts them when it
+    // applies a grant, the leader expires them, the API renews them.
+    let clock_origin = Instant::now();
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let machine = KvMachine::new(
+        state.clone(),
+        config.kv_limits.clone(),
+        clock_origin,
+        events_tx,
+    );
+    // A joining node founds nothing: it starts with an empty configuration
+    // and learns the real one from the leader.
+    let membership = if config.join {
+        Membership::Join
+    } else {
+        Membership::Found(config.members.keys().copied().collect())
+    };
+    let group = host.start_group(KV_GROUP, membership, machine).await?;
+
+    let listener = TcpListener::bind(config.client_listen)
+        .await
+        .map_err(|source| StartError::ClientBind {
+            addr: config.client_listen,
+            source,
+        })?;
+    let client_addr = listener
+        .local_addr()
+        .map_err(|source| StartError::ClientBind {
+            addr: config.client_listen,
+            source,
+        })?;
+
+    let backend = Arc::new(RaftBackend::new(
+        state.clone(),
+        group.clone(),
+        host.clone(),
+        config.clone(),
+        clock_origin,
+    ));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+
+    let mut api_options = config.api_options.clone();
+    api_options.connection_limits = client_limits;
+    let api = EtcdApi::new(backend.clone(), api_options);
+    let mut api_shutdown = shutdown_rx.clone();
+    let api_task = tokio::spawn(async move {
+        let stop = async move {
+            let _ = api_shutdown.wait_for(|stop| *stop).await;
+        };
+        if let Err(error) = api.serve(listener, stop).await {
+            tracing::error!(%error, "the client API stopped");
+        }
+    });
+
+    let housekeeping = Housekeeping {
+        host: host.clone(),
+        group,
+        state,
+        config,
+        clock_origin,
+        ticks: 0,
+        self_publish_tick: 0,
+        retiring: BTreeMap::new(),
+    };
+    let housekeeping = tokio::spawn(housekeeping.run(events, shutdown_rx));
+    Ok(RunningNode {
+        backend,
+        client_addr,
+        peer_addr,
+        host,
+        shutdown,
+        housekeeping,
+        api: api_task,
+    })
+}
+
+/// The runtime's settings for this node.
+fn host_config(config: &NodeConfig, peer_limits: ConnectionLimits) -> HostConfig {
+    let mut host = HostConfig::new(config.node_id, &config.data_dir, config.peer_listen);
+    host.cluster_id = config.cluster_id;
+    host.peers = config
+        .members
+        .iter()
+        .filter(|(id, _)| **id != config.node_id)
+        .map(|(id, addrs)| (*id, addrs.peer_addr.clone()))
+        .collect();
+    host.tick_interval = config.tick_interval;
+    let mut engine = Options::new(config.node_id, KV_GROUP);
+    engine.election_timeout_ticks = config.election_timeout_ticks;
+    engine.heartbeat_interval_ticks = config.heartbeat_interval_ticks;
+    engine.compaction_lag_entries = config.compaction_lag_entries;
+    let request_timeout_ticks =
+        (config.request_timeout.as_millis() / config.tick_interval.as_millis().max(1)).max(1);
+    engine.request_timeout_ticks = u32::try_from(request_timeout_ticks).unwrap_or(u32::MAX);
+    host.engine = engine;
+    host.snapshot_policy = SnapshotPolicy {
+        entries_max: Some(config.snapshot_interval_entries.max(1)),
+        ..SnapshotPolicy::default()
+    };
+    // One group: its machine's apply path is one worker; a second would
+    // only wait.
+    host.workers = 1;
+    host.wal = WalOptions {
+        segment_size_bytes_max: config.wal_segment_size_bytes_max.max(1),
+        ..WalOptions::default()
+    };
+    host.peer_connection_limits = peer_limits;
+    host.peer_read_timeout = config.peer_read_timeout;
+    host.peer_buffered_bytes_max = config.peer_buffered_bytes_max;
+    host
+}
+
+/// What the node does besides running its group: lease expiry on the
+/// leader, publishing its own addresses, and dialing exactly the members.
+struct Housekeeping {
+    host: NodeHost,
+    group: GroupHandle<KvMachine>,
+    state: Arc<SharedState>,
+    config: NodeConfig,
+    clock_origin: Instant,
+    ticks: u64,
+    /// The tick at or after which this node (re)publishes its addresses.
+    self_publish_tick: u64,
+    /// Links to removed members kept until the tick given.
+    retiring: BTreeMap<NodeId, u64>,
+}
+
+impl Housekeeping {
+    async fn run(
+        mut self,
+        mut events: mpsc::UnboundedReceiver<GroupEvent>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut ticker = tokio::time::interval(self.config.tick_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => break,
+                Some(event) = events.recv() => self.on_event(event),
+                _ = ticker.tick() => self.on_tick(),
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: GroupEvent) {
+        match event {
+            GroupEvent::RoleChanged { role, term, leader } => {
+                tracing::info!(?role, term, leader = %Hex(leader), "role changed");
+            }
+            GroupEvent::ConfigChanged(_) => self.reconcile_peers(),
+            GroupEvent::Removed => {
+                tracing::warn!("this node was removed from the cluster; it serves no more requests")
+            }
+            GroupEvent::Halted(fault) => tracing::error!(
+                "this node halted on a detected fault: {fault}; it serves no more requests"
+            ),
+        }
+    }
+
+    fn on_tick(&mut self) {
+        self.ticks += 1;
+        // Applied member records may name the address of a member the
+        // configuration already has.
+        self.reconcile_peers();
+        self.drop_retired_links();
+        self.expire_leases();
+        self.publish_self();
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock_origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Proposes a command nobody waits for: a lost one is proposed again
+    /// on a later tick.
+    fn propose_unanswered(&self, command: Vec<u8>) {
+        let group = self.group.clone();
+        tokio::spawn(async move {
+            if let Err(error) = group.propose(Bytes::from(command)).await {
+                tracing::debug!(%error, "a housekeeping proposal did not go through; it is made again");
+            }
+        });
+    }
+
+    /// The leader decides lease expiry by its clock and replicates it.
+    fn expire_leases(&mut self) {
+        if self.group.view_with(|view| view.role) != Role::Leader {
+            return;
+        }
+        let now_ms = self.now_ms();
+        let command = self
+            .state
+            .lock()
+            .expired_leases(now_ms, EXPIRED_LEASES_PER_COMMAND_MAX);
+        if let Some(command) = command {
+            self.propose_unanswered(crate::command::encode_command(&command));
+        }
+    }
+
+    /// Makes the host dial exactly the other members of the current
+    /// configuration, at the addresses known for them. A member whose
+    /// address is not known yet (its record is not applied yet) is dialed
+    /// once it is.
+    fn reconcile_peers(&mut self) {
+        let members = self.group.view_with(|view| view.config.members());
+        let dialed = self.host.dialed_peers();
+        let wanted: Vec<(NodeId, String)> = {
+            let machine = self.state.lock();
+            members
+                .iter()
+                .filter(|id| **id != self.config.node_id && !dialed.contains(id))
+                .filter_map(|id| {
+                    member_addrs(&self.config.members, machine.kv().member_records(), *id)
+                        .filter(|addrs| !addrs.peer_addr.is_empty())
+                        .map(|addrs| (*id, addrs.peer_addr))
+                })
+                .collect()
+        };
+        for (id, addr) in wanted {
+            tracing::info!(peer = %Hex(id), %addr, "dialing a new member");
+            self.host.add_peer(id, addr);
+        }
+        // A removed member keeps its link for a while: the leader goes on
+        // replicating to it so that it learns of its removal (and stops
+        // serving); cut at once, it would never hear of it.
+        let grace_ticks =
+            RETIRING_LINK_ELECTION_TIMEOUTS * u64::from(self.config.election_timeout_ticks);
+        for id in dialed {
+            if members.contains(&id) {
+                self.retiring.remove(&id);
+            } else if !self.retiring.contains_key(&id) {
+                tracing::info!(peer = %Hex(id), "a member was removed; dialing it a little longer so that it learns of it");
+                self.retiring.insert(id, self.ticks + grace_ticks);
+            }
+        }
+    }
+
+    /// Drops the links of removed members whose grace period is over.
+    fn drop_retired_links(&mut self) {
+        let now = self.ticks;
+        let members = self.group.view_with(|view| view.config.members());
+        let due: Vec<NodeId> = self
+            .retiring
+            .iter()
+            .filter(|(_, until)| **until <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.retiring.remove(&id);
+            if !members.contains(&id) {
+                tracing::info!(peer = %Hex(id), "no longer dialing a removed member");
+                self.host.remove_peer(id);
+            }
+        }
+    }
+
+    /// Records this node's own addresses in the replicated state (as etcd's
+    /// members publish theirs), so that every member, and every member added
+    /// later, can reach it and forward to it. Retried until the record is in.
+    fn publish_self(&mut self) {
+        let me = self.config.node_id;
+        let (has_leader, is_member) = self
+            .group
+            .view_with(|view| (view.leader.is_some(), view.config.contains(me)));
+        if self.ticks < self.self_publish_tick || !has_leader || !is_member {
+            return;
+        }
+        let Some(mine) = self.config.members.get(&me).cloned() else {
+            return;
+        };
+        let recorded = {
+            let machine = self.state.lock();
+            machine.kv().member_records().get(&me).cloned()
+        };
+        if recorded
+            .is_some_and(|r| r.peer_addr == mine.peer_addr && r.client_url == mine.client_url)
+        {
+            return;
+        }
+        self.self_publish_tick = self.ticks + SELF_PUBLISH_RETRY_TICKS;
+        let record = crate::command::command(crate::command::CommandKind::MemberRecord(
+            crate::pb::ferrypb::MemberRecordCommand {
+                id: me,
+                name: mine.name,
+                peer_addr: mine.peer_addr,
+                client_url: mine.client_url,
+                create: false,
+            },
+        ));
+        self.propose_unanswered(crate::command::encode_command(&record));
+    }
+}
