@@ -110,7 +110,11 @@
 //! runtime reports `PeerDisconnected` for crashes and for partitions that
 //! cut a pair of nodes both ways (the host's part of the contract); one-way
 //! cuts, clogged links and pauses report nothing, which the engine must
-//! survive too (see ferry_raft's crate docs, "The host's part"). Quiesce
+//! survive too (see ferry_raft's crate docs, "The host's part"). As a real
+//! transport does, the runtime never delivers a message after reporting
+//! the connection it was sent on broken: what was in flight between a pair
+//! when a crash or a cut was reported is lost (with quiescence on only, so
+//! that runs without it stay what they were). Quiesce
 //! notices and wake-ups are counted in the [`SeedReport`], summed over the
 //! groups, not as coverage counters, so that a run with quiescence off
 //! reports what it always did.

@@ -170,6 +170,7 @@ impl Simulation {
         }
         // The connection is the pair's: every group on both sides hears.
         for (a, b) in broke {
+            self.connection_broke(a, b);
             self.feed_all(a, Input::PeerDisconnected(b));
             self.feed_all(b, Input::PeerDisconnected(a));
         }
@@ -252,6 +253,7 @@ impl Simulation {
         let peers: Vec<NodeId> = self.all_ids.iter().copied().filter(|&p| p != id).collect();
         for peer in peers {
             if self.net.connected(id, peer) {
+                self.connection_broke(id, peer);
                 self.feed_all(peer, Input::PeerDisconnected(id));
             }
         }
@@ -280,14 +282,20 @@ impl Simulation {
 
     pub(super) fn unclog(&mut self, from: NodeId, to: NodeId) {
         let held = self.net.unclog(from, to);
+        let epochs = self.held_epochs.remove(&(from, to)).unwrap_or_default();
         self.log(
             None,
             &format!("unclog n{from}->n{to} releasing {}", held.len()),
         );
         self.coverage.hit(Counter::LinkClogHealed);
-        for message in held {
+        for (i, message) in held.into_iter().enumerate() {
             let delay = self.net.delay_us(&mut self.rng);
-            self.schedule(delay, Event::Deliver(message));
+            // The connection the message was sent on, not today's.
+            let epoch = epochs
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| self.connection_epoch(message.from, message.to));
+            self.schedule(delay, Event::Deliver { message, epoch });
         }
     }
 }

@@ -80,7 +80,12 @@ enum Event {
         node: NodeId,
         incarnation: u64,
     },
-    Deliver(Message),
+    /// A message, with the epoch of the connection it was sent on (see
+    /// [`Simulation::connection_epoch`]).
+    Deliver {
+        message: Message,
+        epoch: u64,
+    },
     SyncDone {
         node: NodeId,
         incarnation: u64,
@@ -361,6 +366,12 @@ pub struct Simulation {
     all_ids: Vec<NodeId>,
     net: Network,
     partition_generation: u64,
+    /// Each pair of nodes' connection epoch (see
+    /// [`Simulation::connection_epoch`]).
+    connection_epochs: Vec<u64>,
+    /// The connection epoch of each message a clogged link holds, in the
+    /// link's order.
+    held_epochs: BTreeMap<(NodeId, NodeId), Vec<u64>>,
     /// The Raft safety record of each group (group g at index g - 1).
     checkers: Vec<SafetyChecker>,
     coverage: Coverage,
@@ -635,6 +646,8 @@ impl Simulation {
             all_ids,
             net,
             partition_generation: 0,
+            connection_epochs: Vec::new(),
+            held_epochs: BTreeMap::new(),
             checkers: groups.iter().map(|_| SafetyChecker::default()).collect(),
             coverage: Coverage::default(),
             histories: groups.iter().map(|&g| (g, History::default())).collect(),
@@ -661,6 +674,7 @@ impl Simulation {
             wake_ups: 0,
         };
         sim.delivered = vec![0; sim.all_ids.len().pow(2) * sim.config.groups.max(1)];
+        sim.connection_epochs = vec![0; sim.all_ids.len().pow(2)];
         if sim.config.disk.real {
             sim.coverage.hit(Counter::RealStorageRun);
         }
@@ -1062,6 +1076,57 @@ impl Simulation {
         );
         (from < nodes && to < nodes && group < groups)
             .then_some((from * nodes + to) * groups + group)
+    }
+
+    fn connection_slot(&self, a: NodeId, b: NodeId) -> Option<usize> {
+        let nodes = self.all_ids.len();
+        let (low, high) = (a.min(b), a.max(b));
+        let (low, high) = (
+            usize::try_from(low).ok()?.checked_sub(1)?,
+            usize::try_from(high).ok()?.checked_sub(1)?,
+        );
+        (high < nodes).then_some(low * nodes + high)
+    }
+
+    /// The epoch of the connection between `a` and `b`: it goes up each
+    /// time the runtime reports the connection broken
+    /// ([`Input::PeerDisconnected`], on a crash or a cut both ways). A
+    /// message belongs to the connection it was sent on; a real transport
+    /// delivers a connection's messages before it reports the connection
+    /// gone, or loses them, never after (a message heard from a peer after
+    /// that comes on a new connection, which is reported first).
+    fn connection_epoch(&self, a: NodeId, b: NodeId) -> u64 {
+        self.connection_slot(a, b)
+            .and_then(|slot| self.connection_epochs.get(slot))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The runtime reports the connection between `a` and `b` broken: what
+    /// is still in flight on it will not arrive.
+    fn connection_broke(&mut self, a: NodeId, b: NodeId) {
+        if let Some(epoch) = self
+            .connection_slot(a, b)
+            .and_then(|slot| self.connection_epochs.get_mut(slot))
+        {
+            *epoch += 1;
+        }
+    }
+
+    /// Whether a message sent on connection epoch `epoch` from `from` to
+    /// `to` is lost because that connection broke since. Only with
+    /// quiescence on, where the engine relies on the order (a quiesce
+    /// notice delivered after its leader was reported gone would silence
+    /// the follower for good); with it off the engine only probes on the
+    /// report, and a run stays draw for draw what it always was.
+    fn sent_on_broken_connection(&self, from: NodeId, to: NodeId, epoch: u64) -> bool {
+        self.config.engine.quiesce && epoch != self.connection_epoch(from, to)
+    }
+
+    /// Schedules the delivery of `message`, sent now, after `delay`.
+    fn schedule_delivery(&mut self, delay: u64, message: Message) {
+        let epoch = self.connection_epoch(message.from, message.to);
+        self.schedule(delay, Event::Deliver { message, epoch });
     }
 
     /// The groups every node hosts (ids 1..=groups), without allocating:
@@ -1785,11 +1850,11 @@ impl Simulation {
             }
             Interference::DuplicateLate(extra) => {
                 let delay = self.net.delay_us(&mut self.rng) + extra;
-                self.schedule(delay, Event::Deliver(message.clone()));
+                self.schedule_delivery(delay, message.clone());
             }
             Interference::Delay(extra) => {
                 let delay = self.net.delay_us(&mut self.rng) + extra;
-                self.schedule(delay, Event::Deliver(message));
+                self.schedule_delivery(delay, message);
                 return;
             }
             Interference::None => {}
@@ -1800,10 +1865,16 @@ impl Simulation {
                     self.coverage.hit(Counter::MessageDuplicated);
                 }
                 for delay in delays {
-                    self.schedule(delay, Event::Deliver(message.clone()));
+                    self.schedule_delivery(delay, message.clone());
                 }
             }
-            SendOutcome::Held => {}
+            SendOutcome::Held => {
+                let epoch = self.connection_epoch(message.from, message.to);
+                self.held_epochs
+                    .entry((message.from, message.to))
+                    .or_default()
+                    .push(epoch);
+            }
             SendOutcome::Dropped(reason) => match reason {
                 DropReason::Loss | DropReason::ClogOverflow => {
                     self.coverage.hit(Counter::MessageDropped)
@@ -1979,13 +2050,26 @@ impl Simulation {
                 }
                 self.schedule(period, Event::Tick { node, incarnation });
             }
-            Event::Deliver(message) => {
+            Event::Deliver { message, epoch } => {
                 if self
                     .net
                     .partition()
                     .blocked
                     .contains(&(message.from, message.to))
                 {
+                    return;
+                }
+                if self.sent_on_broken_connection(message.from, message.to, epoch) {
+                    self.log_group(
+                        Some(message.to),
+                        message.group,
+                        &format!(
+                            "lost n{}->n{} {} (its connection broke)",
+                            message.from,
+                            message.to,
+                            describe_body(&message.body)
+                        ),
+                    );
                     return;
                 }
                 let (to, group) = (message.to, message.group);
