@@ -7,8 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use ferry_sim::config::GROUPS_MAX;
 use ferry_sim::scenarios::{run_scenario, ScenarioOptions};
-use ferry_sim::{run_seed_with, CoverageSummary, QuiesceMode, SeedReport};
+use ferry_sim::sim::run_seed_in_groups_with;
+use ferry_sim::{CoverageSummary, QuiesceMode, SeedReport};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// Arguments of `ferry sim`.
@@ -25,19 +27,26 @@ pub struct SimArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Run a named scenario (snapshot-requests, lost-leader-announcement,
-    /// stale-snapshot-hint-zero, stale-data-directory, quiescent-leader-crash,
+    /// stale-snapshot-hint-zero, stale-data-directory,
+    /// idle-group-leader-crash, quiescent-leader-crash,
     /// quiescent-follower-partition).
     #[arg(long)]
     scenario: Option<String>,
     /// Which seeds run with quiescence (idle groups go quiet): off (every
     /// seed exactly as before), on (every seed), or drawn (about half,
     /// drawn per seed from a generator of its own, so that the seed's
-    /// other parameters are the same).
+    /// other parameters are the same). With --groups, every group alike.
     #[arg(long, value_enum, default_value_t = QuiesceArg::Off)]
     quiesce: QuiesceArg,
     /// Founding voters (3, 5 or 7); drawn from each seed when absent.
     #[arg(long)]
     nodes: Option<usize>,
+    /// Raft groups each simulated node hosts (1 to 64), sharing the node's
+    /// log and the links between nodes; about a quarter of them get no
+    /// client traffic. With 1 (the default) every seed runs as it always did.
+    /// Scenarios set their own.
+    #[arg(long, default_value_t = 1)]
+    groups: usize,
     /// Print the trace of the replayed seed or scenario.
     #[arg(long)]
     trace: bool,
@@ -93,6 +102,13 @@ pub fn run(args: SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if !(1..=GROUPS_MAX).contains(&args.groups) {
+        eprintln!(
+            "ferry sim: --groups must be between 1 and {GROUPS_MAX} (got {})",
+            args.groups
+        );
+        return ExitCode::from(2);
+    }
     if let Some(name) = &args.scenario {
         let options = ScenarioOptions {
             trace: args.trace,
@@ -102,44 +118,84 @@ pub fn run(args: SimArgs) -> ExitCode {
         return scenario(name, options);
     }
     if let Some(seed) = args.seed {
-        return replay(seed, args.nodes, args.trace, args.quiesce);
+        return replay(seed, args.nodes, args.groups, args.trace, args.quiesce);
     }
     let count = args.seeds.unwrap_or(100);
-    sweep(args.from, count, args.nodes, args.jobs, args.quiesce)
+    sweep(
+        args.from,
+        count,
+        args.nodes,
+        args.groups,
+        args.jobs,
+        args.quiesce,
+    )
 }
 
-fn replay_command(seed: u64, nodes: Option<usize>, quiesce: QuiesceArg) -> String {
-    let quiesce = quiesce.flag();
-    match nodes {
-        Some(n) => format!("ferry sim --seed {seed} --nodes {n}{quiesce} --trace"),
-        None => format!("ferry sim --seed {seed}{quiesce} --trace"),
+fn replay_command(seed: u64, nodes: Option<usize>, groups: usize, quiesce: QuiesceArg) -> String {
+    let mut command = format!("ferry sim --seed {seed}");
+    if let Some(n) = nodes {
+        command.push_str(&format!(" --nodes {n}"));
     }
+    if groups > 1 {
+        command.push_str(&format!(" --groups {groups}"));
+    }
+    command.push_str(quiesce.flag());
+    command.push_str(" --trace");
+    command
 }
 
-fn replay(seed: u64, nodes: Option<usize>, trace: bool, quiesce: QuiesceArg) -> ExitCode {
+fn replay(
+    seed: u64,
+    nodes: Option<usize>,
+    groups: usize,
+    trace: bool,
+    quiesce: QuiesceArg,
+) -> ExitCode {
     install_quiet_panic_hook();
-    let report = run_seed_with(seed, nodes, trace, quiesce.mode());
+    let report = run_seed_in_groups_with(seed, nodes, groups, trace, quiesce.mode());
     let mut out = std::io::stdout().lock();
     if let Some(text) = &report.trace {
         let _ = out.write_all(text.as_bytes());
     }
     let mut summary = CoverageSummary::default();
     summary.add_seed(&report.coverage);
+    // With one group the line reads as it always did.
+    let groups_item = if groups > 1 {
+        format!(" groups={groups}")
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "seed={seed} voters={} operations={} simulated_us={}",
+        "seed={seed} voters={}{groups_item} operations={} simulated_us={}",
         report.voters,
-        report.history.operations.len(),
+        report.operations(),
         report.end_us
     );
     let _ = writeln!(out, "coverage: {summary}");
+    if groups > 1 {
+        let _ = writeln!(out, "multi-group coverage: {}", summary.multi_group());
+    }
     let mut config = ferry_sim::SimConfig::random(seed, nodes);
     config.apply_quiesce(quiesce.mode());
     let _ = writeln!(out, "engine: {:?}", config.engine);
     let _ = writeln!(out, "network: {:?}", config.net);
     let _ = writeln!(out, "faults: {:?}", config.faults);
     let _ = writeln!(out, "disk: {:?}", config.disk);
+    if groups > 1 {
+        let config = config.with_groups(groups);
+        let idle: Vec<u64> = config
+            .group_ids()
+            .into_iter()
+            .filter(|&g| config.is_idle_group(g))
+            .collect();
+        let _ = writeln!(
+            out,
+            "groups: {groups} per node, idle (no clients): {idle:?}"
+        );
+    }
     if report.quiesce {
+        // Every group's together.
         let _ = writeln!(
             out,
             "quiescence: on, quiesce notices={} wake-ups={}",
@@ -192,6 +248,7 @@ fn sweep(
     from: u64,
     count: u64,
     nodes: Option<usize>,
+    groups: usize,
     jobs: Option<usize>,
     quiesce: QuiesceArg,
 ) -> ExitCode {
@@ -225,9 +282,10 @@ fn sweep(
                     break;
                 }
                 let seed = from.wrapping_add(i);
-                let mut report = run_seed_with(seed, nodes, false, quiesce.mode());
+                let mut report =
+                    run_seed_in_groups_with(seed, nodes, groups, false, quiesce.mode());
                 // Keep what the summary needs; histories are large.
-                report.history.operations.clear();
+                report.histories.clear();
                 if report.failure.is_some() {
                     let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
                     bar.set_message(format!("{n} failed"));
@@ -260,7 +318,11 @@ fn sweep(
     let mut out = std::io::stdout().lock();
     for (seed, failure) in &failed {
         let _ = writeln!(out, "FAILED seed={seed}: {failure}");
-        let _ = writeln!(out, "  replay: {}", replay_command(*seed, nodes, quiesce));
+        let _ = writeln!(
+            out,
+            "  replay: {}",
+            replay_command(*seed, nodes, groups, quiesce)
+        );
     }
     let passed = results.len() as u64 - failed.len() as u64;
     // How many election timeouts convergence took once the faults stopped.
@@ -289,7 +351,7 @@ fn sweep(
     let _ = writeln!(out, "coverage (seeds/events): {summary}");
     if quiesce != QuiesceArg::Off {
         // Printed only with quiescence asked for, so that the default
-        // sweep's output stays what it was.
+        // sweep's output stays what it was; every group's together.
         let on = results.iter().filter(|(_, r)| r.quiesce).count();
         let quiet = results
             .iter()
@@ -302,7 +364,15 @@ fn sweep(
             "quiescence: on in {on} seeds, a group went quiet in {quiet}; quiesce notices={notices} wake-ups={wake_ups}"
         );
     }
-    let gaps = summary.gaps();
+    let mut gaps = summary.gaps();
+    if groups > 1 {
+        let _ = writeln!(
+            out,
+            "multi-group coverage (seeds/events): {}",
+            summary.multi_group()
+        );
+        gaps.extend(summary.multi_group_gaps());
+    }
     if !gaps.is_empty() {
         let names: Vec<&str> = gaps.iter().map(|c| c.label()).collect();
         let _ = writeln!(
@@ -311,9 +381,14 @@ fn sweep(
             names.join(" ")
         );
     }
+    let groups_item = if groups > 1 {
+        format!("groups={groups} ")
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "seeds={} passed={passed} failed={}",
+        "{groups_item}seeds={} passed={passed} failed={}",
         results.len(),
         failed.len()
     );

@@ -5,7 +5,8 @@
 //! different entries at one index).
 //!
 //! The checker sees what the engines write, send, commit and apply; it keeps
-//! one global record per (index, term) and per committed index.
+//! one global record per (index, term) and per committed index. A run keeps
+//! one checker per Raft group: the properties hold within a group.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -94,6 +95,11 @@ impl SafetyChecker {
                 Ok(())
             }
         }
+    }
+
+    /// Whether a leader was seen in some term before `term`.
+    pub fn leader_before(&self, term: Term) -> bool {
+        self.leaders.range(..term).next().is_some()
     }
 
     /// The leader of `term`, if one was seen.

@@ -1,13 +1,16 @@
 //! The parameters of one simulated run, all drawn from its seed unless a
 //! scenario sets them.
 
-use ferry_raft::{NodeId, Options};
+use ferry_raft::{GroupId, NodeId, Options};
 
 use crate::net::NetConfig;
 use crate::rng::SimRng;
 
 /// The simulated length of one tick at the nominal clock rate.
 pub const TICK_US: u64 = 1_000;
+
+/// The most Raft groups a simulated node hosts.
+pub const GROUPS_MAX: usize = 64;
 
 /// The most a node's tick period deviates from nominal, in percent, in a
 /// run with lease reads. A lease keeps back a quarter of the election
@@ -320,6 +323,13 @@ pub struct SimConfig {
     pub sabotage: Sabotage,
     /// The node storage and its faults.
     pub disk: DiskConfig,
+    /// The Raft groups each node hosts (ids 1..=groups), all founded by the
+    /// same voters, sharing each node's log and each pair's link.
+    pub groups: usize,
+    /// How many of the groups (the highest ids) get no client traffic at
+    /// all: the liveness phase must still find each with a leader and its
+    /// live members caught up.
+    pub idle_groups: usize,
 }
 
 impl SimConfig {
@@ -349,6 +359,8 @@ impl SimConfig {
             trace: false,
             sabotage: Sabotage::None,
             disk: DiskConfig::random(&mut rng),
+            groups: 1,
+            idle_groups: 0,
         };
         // Drawn after everything else, so that the other draws of a seed
         // are the same with or without lease reads in the simulator.
@@ -402,7 +414,39 @@ impl SimConfig {
             trace: false,
             sabotage: Sabotage::None,
             disk: DiskConfig::model(),
+            groups: 1,
+            idle_groups: 0,
         }
+    }
+
+    /// Hosts `groups` Raft groups on every node (clamped to
+    /// 1..=[`GROUPS_MAX`]), about a quarter of them idle (at least one once
+    /// there are two). Nothing is drawn: a seed's other parameters are the
+    /// same with any number of groups.
+    pub fn with_groups(mut self, groups: usize) -> Self {
+        self.groups = groups.clamp(1, GROUPS_MAX);
+        self.idle_groups = if self.groups >= 2 {
+            self.groups.div_ceil(4)
+        } else {
+            0
+        };
+        self
+    }
+
+    /// Every group's id, in order.
+    pub fn group_ids(&self) -> Vec<GroupId> {
+        (1..=self.groups.max(1) as u64).collect()
+    }
+
+    /// The groups clients use (the idle ones are the highest ids).
+    pub fn active_group_ids(&self) -> Vec<GroupId> {
+        let active = self.groups.max(1).saturating_sub(self.idle_groups).max(1);
+        (1..=active as u64).collect()
+    }
+
+    /// Whether `group` gets no client traffic.
+    pub fn is_idle_group(&self, group: GroupId) -> bool {
+        !self.active_group_ids().contains(&group)
     }
 
     /// The founding voters' ids.

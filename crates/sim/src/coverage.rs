@@ -5,21 +5,36 @@
 use std::fmt;
 
 macro_rules! counters {
-    ($($(#[doc = $doc:literal])* $name:ident => $label:literal,)*) => {
+    (
+        $($(#[doc = $doc:literal])* $name:ident => $label:literal,)*
+        @multi_group {
+            $($(#[doc = $mdoc:literal])* $mname:ident => $mlabel:literal,)*
+        }
+    ) => {
         /// One thing a seed may exercise.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum Counter {
             $($(#[doc = $doc])* $name,)*
+            $($(#[doc = $mdoc])* $mname,)*
         }
 
         impl Counter {
-            /// Every counter, in report order.
+            /// Every counter a run of one group per node can reach, in
+            /// report order. (The multi-group ones are apart, so that the
+            /// summaries of one-group runs read as they always did.)
             pub const ALL: &'static [Counter] = &[$(Counter::$name,)*];
+
+            /// The counters only runs of several groups per node reach.
+            pub const MULTI_GROUP: &'static [Counter] = &[$(Counter::$mname,)*];
+
+            /// How many counters there are, of both kinds.
+            pub const COUNT: usize = Self::ALL.len() + Self::MULTI_GROUP.len();
 
             /// The counter's name in summaries.
             pub fn label(self) -> &'static str {
                 match self {
                     $(Counter::$name => $label,)*
+                    $(Counter::$mname => $mlabel,)*
                 }
             }
         }
@@ -120,6 +135,17 @@ counters! {
     /// A node with a corrupt disk was replaced: removed, and a new id added
     /// as a learner and promoted.
     NodeRepaired => "node_repaired",
+    @multi_group {
+        /// One sync of a node's log made writes of two or more groups durable.
+        SyncCoveredGroups => "sync_covered_groups",
+        /// Installing a snapshot of one group synced other groups' writes.
+        InstallSyncedOtherGroups => "install_synced_other_groups",
+        /// A group with no client traffic elected a leader after an earlier
+        /// leader of it (a crashed or cut-off one, say).
+        IdleGroupReelected => "idle_group_reelected",
+        /// Groups on one node had different leaders at one time.
+        GroupLeadersSpread => "group_leaders_spread",
+    }
 }
 
 /// Per-counter event counts of one seed.
@@ -138,7 +164,7 @@ impl Coverage {
     pub fn add(&mut self, counter: Counter, n: u64) {
         let i = counter as usize;
         if self.counts.len() <= i {
-            self.counts.resize(Counter::ALL.len(), 0);
+            self.counts.resize(Counter::COUNT, 0);
         }
         self.counts[i] += n;
     }
@@ -159,9 +185,9 @@ pub struct CoverageSummary {
 impl CoverageSummary {
     /// Adds one seed's coverage.
     pub fn add_seed(&mut self, coverage: &Coverage) {
-        self.seeds.resize(Counter::ALL.len(), 0);
-        self.events.resize(Counter::ALL.len(), 0);
-        for &counter in Counter::ALL {
+        self.seeds.resize(Counter::COUNT, 0);
+        self.events.resize(Counter::COUNT, 0);
+        for &counter in Counter::ALL.iter().chain(Counter::MULTI_GROUP) {
             let n = coverage.count(counter);
             if n > 0 {
                 self.seeds[counter as usize] += 1;
@@ -187,6 +213,25 @@ impl CoverageSummary {
             .copied()
             .filter(|c| self.seeds_with(*c) == 0)
             .collect()
+    }
+
+    /// The multi-group counters no seed exercised.
+    pub fn multi_group_gaps(&self) -> Vec<Counter> {
+        Counter::MULTI_GROUP
+            .iter()
+            .copied()
+            .filter(|c| self.seeds_with(*c) == 0)
+            .collect()
+    }
+
+    /// The multi-group counters, one `name=seeds/events` item each, space
+    /// separated (the [`fmt::Display`] form lists the others).
+    pub fn multi_group(&self) -> String {
+        Counter::MULTI_GROUP
+            .iter()
+            .map(|&c| format!("{}={}/{}", c.label(), self.seeds_with(c), self.events(c)))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 

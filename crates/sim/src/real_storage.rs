@@ -1,15 +1,19 @@
 //! A node's storage on the real code: [`ferry_storage::Storage`] over a
-//! [`SimDisk`], run beside the [`crate::storage::DiskModel`].
+//! [`SimDisk`], run beside the [`crate::storage::NodeDisk`].
 //!
 //! The model stays the simulator's record of what the node has been told
 //! is durable (the durability checks read it); the real storage decides what
 //! actually comes back after a crash, how long syncs take, and whether the
-//! disk fails. The two are driven in lockstep: every persist request goes to
-//! both, and a sync starts in both at once, so the sequence number the real
-//! log reports durable must equal the model's. After each restart
-//! [`check_restored`] proves that the recovered state is exactly the synced
-//! state plus some prefix of the writes that were in flight.
+//! disk fails. The two are driven in lockstep: every persist request of
+//! every group goes to both, and a sync starts in both at once, so the
+//! sequence numbers the real log reports durable, group by group, must
+//! equal the model's. One storage serves every group the node hosts: one
+//! log (group commit: a sync covers every group's writes since the last)
+//! and one snapshot store. After each restart [`check_restored`] proves, for
+//! each group, that the recovered state is exactly the synced state plus
+//! some prefix of the writes that were in flight.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -29,10 +33,11 @@ pub const DISK_TICK_US: u64 = 100;
 /// What opening the storage found.
 #[derive(Debug)]
 pub enum OpenOutcome {
-    /// The storage opened; the node starts from `durable`.
+    /// The storage opened; each group starts from its `durable` state.
     Opened {
-        /// The recovered state (votes not filled in: the caller keeps them).
-        durable: DurableState,
+        /// The recovered state of each group (votes not filled in: the
+        /// caller keeps them).
+        durable: BTreeMap<GroupId, DurableState>,
         /// Bytes recovery cut off a torn tail.
         truncated_bytes: u64,
     },
@@ -40,14 +45,14 @@ pub enum OpenOutcome {
     Corrupt(String),
 }
 
-/// The real storage of one simulated node.
+/// The real storage of one simulated node, shared by all its groups.
 #[derive(Debug)]
 pub struct RealStorage {
     disk: SimDisk,
     storage: Option<Storage<SimDisk>>,
     in_flight: Option<(PendingSync<SimDisk>, std::io::Result<()>)>,
-    incoming: Option<SnapshotWriter<SimDisk>>,
-    group: GroupId,
+    /// The snapshot each group is receiving from its leader.
+    incoming: BTreeMap<GroupId, SnapshotWriter<SimDisk>>,
 }
 
 /// The log tunables for the simulator: small segments and records so that
@@ -69,7 +74,7 @@ fn not_open() -> StorageError {
 impl RealStorage {
     /// An empty disk drawing its choices from `seed`; syncs take between
     /// `sync_ticks_min` and `sync_ticks_max` disk ticks.
-    pub fn new(group: GroupId, seed: u64, sync_ticks_min: u64, sync_ticks_max: u64) -> Self {
+    pub fn new(seed: u64, sync_ticks_min: u64, sync_ticks_max: u64) -> Self {
         RealStorage {
             disk: SimDisk::new(SimDiskOptions {
                 seed,
@@ -78,8 +83,7 @@ impl RealStorage {
             }),
             storage: None,
             in_flight: None,
-            incoming: None,
-            group,
+            incoming: BTreeMap::new(),
         }
     }
 
@@ -99,12 +103,15 @@ impl RealStorage {
     }
 
     /// Opens the storage on the disk as the last crash left it. `initial`
-    /// is the node's state before it ever wrote anything (the founding
-    /// configuration, or nothing for a joining node).
-    pub fn open(&mut self, initial: &DurableState) -> Result<OpenOutcome, StorageError> {
+    /// holds each hosted group's state before it ever wrote anything (the
+    /// founding configuration, or nothing for a joining node).
+    pub fn open(
+        &mut self,
+        initial: &BTreeMap<GroupId, DurableState>,
+    ) -> Result<OpenOutcome, StorageError> {
         self.storage = None;
         self.in_flight = None;
-        self.incoming = None;
+        self.incoming.clear();
         let (storage, report) = match Storage::open(self.disk.clone(), &Self::dir(), wal_options())
         {
             Ok(opened) => opened,
@@ -116,39 +123,46 @@ impl RealStorage {
             }
             Err(e) => return Err(e),
         };
-        let durable = match report.groups.get(&self.group) {
-            None => initial.clone(),
-            Some(recovery) => {
-                let restored = recovery.restored_state(initial.snapshot.config.clone());
-                let snapshot_data = if restored.snapshot.index == 0 {
-                    Bytes::new()
-                } else {
-                    match storage
-                        .snapshots
-                        .read_all(self.group, restored.snapshot.index)
-                    {
-                        Ok(Some(data)) => Bytes::from(data),
-                        Ok(None) => {
-                            return Ok(OpenOutcome::Corrupt(format!(
-                                "the snapshot at {} the log relies on is missing",
-                                restored.snapshot.index
-                            )))
+        let mut durable = BTreeMap::new();
+        for (&group, before) in initial {
+            // With one group the message reads as it always did.
+            let which = if initial.len() > 1 {
+                format!("group {group}: ")
+            } else {
+                String::new()
+            };
+            let state = match report.groups.get(&group) {
+                None => before.clone(),
+                Some(recovery) => {
+                    let restored = recovery.restored_state(before.snapshot.config.clone());
+                    let snapshot_data = if restored.snapshot.index == 0 {
+                        Bytes::new()
+                    } else {
+                        match storage.snapshots.read_all(group, restored.snapshot.index) {
+                            Ok(Some(data)) => Bytes::from(data),
+                            Ok(None) => {
+                                return Ok(OpenOutcome::Corrupt(format!(
+                                    "{which}the snapshot at {} the log relies on is missing",
+                                    restored.snapshot.index
+                                )))
+                            }
+                            Err(e @ StorageError::Corrupt { .. }) => {
+                                return Ok(OpenOutcome::Corrupt(e.to_string()))
+                            }
+                            Err(e) => return Err(e),
                         }
-                        Err(e @ StorageError::Corrupt { .. }) => {
-                            return Ok(OpenOutcome::Corrupt(e.to_string()))
-                        }
-                        Err(e) => return Err(e),
+                    };
+                    DurableState {
+                        hard_state: restored.hard_state,
+                        snapshot: restored.snapshot,
+                        snapshot_data,
+                        entries: restored.entries,
+                        votes: Default::default(),
                     }
-                };
-                DurableState {
-                    hard_state: restored.hard_state,
-                    snapshot: restored.snapshot,
-                    snapshot_data,
-                    entries: restored.entries,
-                    votes: Default::default(),
                 }
-            }
-        };
+            };
+            durable.insert(group, state);
+        }
         self.storage = Some(storage);
         Ok(OpenOutcome::Opened {
             durable,
@@ -160,16 +174,16 @@ impl RealStorage {
         self.storage.as_mut().ok_or_else(not_open)
     }
 
-    /// Writes a persist request to the log (durable after the next sync).
-    pub fn append(&mut self, request: &PersistRequest) -> Result<(), StorageError> {
-        let group = self.group;
+    /// Writes a persist request of `group` to the shared log (durable after
+    /// the next sync).
+    pub fn append(&mut self, group: GroupId, request: &PersistRequest) -> Result<(), StorageError> {
         self.storage()?.wal.append(group, request)
     }
 
-    /// Starts a sync of everything written, runs it on the simulated disk
-    /// and returns how long it took, in simulated microseconds; `None` when
-    /// there was nothing to sync. The outcome is kept for
-    /// [`RealStorage::complete_sync`].
+    /// Starts a sync of everything written, by every group, runs it on the
+    /// simulated disk and returns how long it took, in simulated
+    /// microseconds; `None` when there was nothing to sync. The outcome is
+    /// kept for [`RealStorage::complete_sync`].
     pub fn start_sync(&mut self) -> Result<Option<u64>, StorageError> {
         if self.in_flight.is_some() {
             return Err(StorageError::SyncInFlight);
@@ -188,31 +202,30 @@ impl RealStorage {
         self.in_flight.is_some()
     }
 
-    /// Completes the sync in flight: the group's durable persist seq, if
-    /// the sync covered the group; `Ok(None)` also when no sync was in
-    /// flight (a snapshot install completed it early).
-    pub fn complete_sync(&mut self) -> Result<Option<u64>, StorageError> {
+    /// Completes the sync in flight: the durable persist seq of each group
+    /// it covered; `Ok(None)` when no sync was in flight (a snapshot install
+    /// completed it early). A failed sync fails for every group it covered.
+    pub fn complete_sync(&mut self) -> Result<Option<BTreeMap<GroupId, u64>>, StorageError> {
         let Some((pending, outcome)) = self.in_flight.take() else {
             return Ok(None);
         };
-        let group = self.group;
         let durable = self.storage()?.wal.complete_sync(pending, outcome)?;
-        Ok(durable.get(&group).copied())
+        Ok(Some(durable))
     }
 
-    /// Drops log entries through `through` (covered by the durable snapshot).
-    pub fn compact(&mut self, through: Index) -> Result<(), StorageError> {
-        let group = self.group;
+    /// Drops `group`'s log entries through `through` (covered by its
+    /// durable snapshot).
+    pub fn compact(&mut self, group: GroupId, through: Index) -> Result<(), StorageError> {
         self.storage()?.wal.compact(group, through)
     }
 
-    /// Stores a snapshot the state machine built; durable on return.
+    /// Stores a snapshot `group`'s state machine built; durable on return.
     pub fn save_local_snapshot(
         &mut self,
+        group: GroupId,
         meta: SnapshotMeta,
         data: &[u8],
     ) -> Result<(), StorageError> {
-        let group = self.group;
         let storage = self.storage()?;
         let mut writer = storage.begin_snapshot(group, meta)?;
         writer.write(0, data)?;
@@ -220,56 +233,59 @@ impl RealStorage {
         Ok(())
     }
 
-    /// Writes one chunk of a snapshot from the leader (the first chunk
-    /// starts a new file). The caller has checked that it continues the
-    /// snapshot being received.
+    /// Writes one chunk of a snapshot from `group`'s leader (the first
+    /// chunk starts a new file). The caller has checked that it continues
+    /// the snapshot being received.
     pub fn save_chunk(
         &mut self,
+        group: GroupId,
         meta: &SnapshotMeta,
         offset: u64,
         data: &[u8],
     ) -> Result<(), StorageError> {
         if offset == 0 {
-            let group = self.group;
             let writer = self.storage()?.begin_snapshot(group, meta.clone())?;
-            self.incoming = Some(writer);
+            self.incoming.insert(group, writer);
         }
-        match self.incoming.as_mut() {
+        match self.incoming.get_mut(&group) {
             Some(writer) => writer.write(offset, data),
             None => Err(StorageError::InvalidRequest {
-                group: self.group,
+                group,
                 reason: format!("snapshot chunk at offset {offset} without a first chunk"),
             }),
         }
     }
 
-    /// Installs the completely received snapshot: completes a sync in
+    /// Installs `group`'s completely received snapshot: completes a sync in
     /// flight first (its outcome is known), installs, then syncs the log so
-    /// that the install and every earlier write are durable. Returns the
-    /// group's durable seq, if any write of it became durable.
-    pub fn install_incoming(&mut self, meta: &SnapshotMeta) -> Result<Option<u64>, StorageError> {
-        let Some(writer) = self.incoming.take() else {
+    /// that the install and every earlier write, of every group, are
+    /// durable. Returns the durable seq of each group that got one.
+    pub fn install_incoming(
+        &mut self,
+        group: GroupId,
+        meta: &SnapshotMeta,
+    ) -> Result<BTreeMap<GroupId, u64>, StorageError> {
+        let Some(writer) = self.incoming.remove(&group) else {
             return Err(StorageError::InvalidRequest {
-                group: self.group,
+                group,
                 reason: format!("no snapshot at {} is being received", meta.index),
             });
         };
-        let earlier = self.complete_sync()?;
-        let group = self.group;
+        let mut durable = self.complete_sync()?.unwrap_or_default();
         let storage = self.storage()?;
         storage.install_snapshot(writer)?;
-        let durable = storage.wal.sync()?;
-        Ok(durable.get(&group).copied().or(earlier))
+        durable.extend(storage.wal.sync()?);
+        Ok(durable)
     }
 
-    /// Reads a chunk of the stored snapshot at `index` (verified).
+    /// Reads a chunk of `group`'s stored snapshot at `index` (verified).
     pub fn load_chunk(
         &mut self,
+        group: GroupId,
         index: Index,
         offset: u64,
         max_bytes: u64,
     ) -> Result<Option<(Bytes, bool)>, StorageError> {
-        let group = self.group;
         self.storage()?
             .snapshots
             .read_chunk(group, index, offset, max_bytes)
@@ -280,7 +296,7 @@ impl RealStorage {
     pub fn crash(&mut self, mode: CrashMode) {
         self.storage = None;
         self.in_flight = None;
-        self.incoming = None;
+        self.incoming.clear();
         self.disk.crash(mode);
     }
 
@@ -297,7 +313,7 @@ impl RealStorage {
 
     /// Wipes the disk (the operator moves the data directory aside).
     pub fn wipe(&mut self, seed: u64, sync_ticks_min: u64, sync_ticks_max: u64) {
-        *self = RealStorage::new(self.group, seed, sync_ticks_min, sync_ticks_max);
+        *self = RealStorage::new(seed, sync_ticks_min, sync_ticks_max);
     }
 }
 
@@ -452,11 +468,16 @@ mod tests {
         }
     }
 
-    fn open(real: &mut RealStorage) -> DurableState {
-        match real.open(&founding()).unwrap() {
+    fn open_groups(real: &mut RealStorage, groups: &[GroupId]) -> BTreeMap<GroupId, DurableState> {
+        let initial = groups.iter().map(|&g| (g, founding())).collect();
+        match real.open(&initial).unwrap() {
             OpenOutcome::Opened { durable, .. } => durable,
             OpenOutcome::Corrupt(e) => panic!("corrupt: {e}"),
         }
+    }
+
+    fn open(real: &mut RealStorage) -> DurableState {
+        open_groups(real, &[1]).remove(&1).unwrap()
     }
 
     #[test]
@@ -467,20 +488,23 @@ mod tests {
             CrashMode::TornUnsynced,
         ] {
             for seed in 0..20 {
-                let mut real = RealStorage::new(1, seed, 0, 3);
+                let mut real = RealStorage::new(seed, 0, 3);
                 open(&mut real);
                 let mut synced = founding();
                 let first = request(1, 1, vec![entry(1, 1), entry(2, 1)]);
-                real.append(&first).unwrap();
+                real.append(1, &first).unwrap();
                 assert!(real.start_sync().unwrap().is_some());
-                assert_eq!(real.complete_sync().unwrap(), Some(1));
+                assert_eq!(
+                    real.complete_sync().unwrap(),
+                    Some(BTreeMap::from([(1, 1)]))
+                );
                 synced.apply_request(&first).unwrap();
                 let pending = vec![
                     request(2, 2, vec![entry(2, 2), entry(3, 2)]),
                     request(3, 2, vec![entry(4, 2)]),
                 ];
                 for p in &pending {
-                    real.append(p).unwrap();
+                    real.append(1, p).unwrap();
                 }
                 // The entries are larger than the write buffer: they reach
                 // the file, unsynced.
@@ -554,18 +578,18 @@ mod tests {
 
     #[test]
     fn a_corrupt_sector_in_the_middle_stops_the_node() {
-        let mut real = RealStorage::new(1, 7, 0, 0);
+        let mut real = RealStorage::new(7, 0, 0);
         open(&mut real);
         for seq in 1..=60 {
             let r = request(seq, 1, vec![entry(seq, 1)]);
-            real.append(&r).unwrap();
+            real.append(1, &r).unwrap();
             real.start_sync().unwrap();
             real.complete_sync().unwrap();
         }
         real.crash(CrashMode::LoseUnsynced);
         let segment = real.disk().paths().into_iter().next().unwrap();
         assert!(real.disk().corrupt_sector(&segment, 0));
-        match real.open(&founding()).unwrap() {
+        match real.open(&BTreeMap::from([(1, founding())])).unwrap() {
             OpenOutcome::Corrupt(message) => assert!(message.contains("corrupt")),
             OpenOutcome::Opened { .. } => panic!("opened on a corrupt disk"),
         }
@@ -573,15 +597,57 @@ mod tests {
 
     #[test]
     fn failed_sync_poisons_the_storage() {
-        let mut real = RealStorage::new(1, 3, 0, 0);
+        let mut real = RealStorage::new(3, 0, 0);
         open(&mut real);
-        real.append(&request(1, 1, vec![entry(1, 1)])).unwrap();
+        real.append(1, &request(1, 1, vec![entry(1, 1)])).unwrap();
         real.disk().fail_next_syncs(1);
         real.start_sync().unwrap();
         assert!(real.complete_sync().is_err());
         assert!(matches!(
-            real.append(&request(2, 1, vec![entry(2, 1)])),
+            real.append(1, &request(2, 1, vec![entry(2, 1)])),
             Err(StorageError::Poisoned(_))
         ));
+    }
+
+    /// Group commit on the real log: one sync makes the writes of every
+    /// group durable, each group through its own seq, and a crash after it
+    /// brings back each group's synced writes and loses all unsynced ones.
+    #[test]
+    fn one_sync_covers_several_groups() {
+        let mut real = RealStorage::new(11, 0, 0);
+        open_groups(&mut real, &[1, 2, 3]);
+        real.append(1, &request(1, 1, vec![entry(1, 1)])).unwrap();
+        real.append(2, &request(1, 1, vec![entry(1, 1)])).unwrap();
+        real.append(2, &request(2, 1, vec![entry(2, 1)])).unwrap();
+        assert!(real.start_sync().unwrap().is_some());
+        assert_eq!(
+            real.complete_sync().unwrap(),
+            Some(BTreeMap::from([(1, 1), (2, 2)]))
+        );
+        real.append(3, &request(1, 1, vec![entry(1, 1)])).unwrap();
+        real.crash(CrashMode::LoseUnsynced);
+        let durable = open_groups(&mut real, &[1, 2, 3]);
+        assert_eq!(durable[&1].entries.len(), 1);
+        assert_eq!(durable[&2].entries.len(), 2);
+        assert_eq!(durable[&3].entries.len(), 0);
+    }
+
+    /// A failed sync fails for every group it covered: none of their
+    /// writes is reported durable and the storage refuses them all after.
+    #[test]
+    fn a_failed_sync_fails_every_group_it_covered() {
+        let mut real = RealStorage::new(12, 0, 0);
+        open_groups(&mut real, &[1, 2]);
+        real.append(1, &request(1, 1, vec![entry(1, 1)])).unwrap();
+        real.append(2, &request(1, 1, vec![entry(1, 1)])).unwrap();
+        real.disk().fail_next_syncs(1);
+        real.start_sync().unwrap();
+        assert!(real.complete_sync().is_err());
+        for group in [1, 2] {
+            assert!(matches!(
+                real.append(group, &request(2, 1, vec![entry(2, 1)])),
+                Err(StorageError::Poisoned(_))
+            ));
+        }
     }
 }

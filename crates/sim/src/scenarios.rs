@@ -25,6 +25,16 @@
 //!   the commit index beyond its log rather than clamp it, and it must
 //!   catch up, with every check still holding.
 //!
+//! And one of several groups per node:
+//!
+//! - `idle-group-leader-crash`: four groups on every node, the last one
+//!   idle (no client traffic at all). The node leading the idle group (and
+//!   not group 1, whose leadership is moved away if need be) crashes while
+//!   group 1 takes writes; the idle group must elect a new leader among the
+//!   others by itself (nothing but its own timers can make it), group 1
+//!   must keep its leader and term, and once the node is back every group,
+//!   the idle one too, must converge.
+//!
 //! And two of quiescence (idle groups go quiet, `ferry_raft::Options::quiesce`):
 //!
 //! - `quiescent-leader-crash`: a group goes idle and quiet (no message for
@@ -58,6 +68,7 @@ pub const SCENARIOS: &[&str] = &[
     "lost-leader-announcement",
     "stale-snapshot-hint-zero",
     "stale-data-directory",
+    "idle-group-leader-crash",
     "quiescent-leader-crash",
     "quiescent-follower-partition",
 ];
@@ -110,6 +121,7 @@ pub fn run_scenario(
             "lost-leader-announcement" => lost_leader_announcement,
             "stale-snapshot-hint-zero" => stale_snapshot_hint_zero,
             "stale-data-directory" => stale_data_directory,
+            "idle-group-leader-crash" => idle_group_leader_crash,
             "quiescent-leader-crash" => quiescent_leader_crash,
             "quiescent-follower-partition" => quiescent_follower_partition,
             _ => {
@@ -122,6 +134,7 @@ pub fn run_scenario(
         "snapshot-requests" => snapshot_requests_config(),
         "lost-leader-announcement" => lost_leader_announcement_config(),
         "stale-data-directory" => stale_data_directory_config(),
+        "idle-group-leader-crash" => idle_group_leader_crash_config(),
         "quiescent-leader-crash" => quiescent_config(11),
         "quiescent-follower-partition" => quiescent_config(12),
         _ => stale_snapshot_hint_zero_config(),
@@ -613,7 +626,7 @@ fn stale_data_directory(
     let backup = sim
         .copy_disk(follower)
         .ok_or("the scenario needs the storage model")?;
-    let backed_up = backup.synced().last_index();
+    let backed_up = backup.group(1).map_or(0, |d| d.synced().last_index());
     write_through(sim, leader, 10, 200)?;
     sim.crash_node(follower);
     if !sim.restore_stale_disk(follower, backup) {
@@ -637,14 +650,13 @@ fn stale_data_directory(
             "node {follower}, restored from an older copy, never caught up to {target}"
         ));
     }
-    let leader_noticed = sim.faults_seen().iter().any(|(id, f)| {
+    let leader_noticed = sim.faults_seen().iter().any(|(id, _, f)| {
         *id == leader
             && matches!(f, ferry_raft::Fault::FollowerLogWentBack { peer, .. } if *peer == follower)
     });
-    let follower_refused = sim
-        .faults_seen()
-        .iter()
-        .any(|(id, f)| *id == follower && matches!(f, ferry_raft::Fault::CommitBeyondLog { .. }));
+    let follower_refused = sim.faults_seen().iter().any(|(id, _, f)| {
+        *id == follower && matches!(f, ferry_raft::Fault::CommitBeyondLog { .. })
+    });
     notes.push(format!(
         "detected: the leader saw the log go back: {leader_noticed}; the follower refused a commit beyond its log: {follower_refused}"
     ));
@@ -654,6 +666,103 @@ fn stale_data_directory(
     if !sim.run_liveness() {
         return Err("no convergence after the restore".into());
     }
+    Ok(())
+}
+
+fn idle_group_leader_crash_config() -> SimConfig {
+    SimConfig::quiet(11, 3).with_groups(4)
+}
+
+fn idle_group_leader_crash(
+    sim: &mut Simulation,
+    notes: &mut Vec<String>,
+    _options: ScenarioOptions,
+) -> Result<(), String> {
+    let groups = sim.groups();
+    let idle = *groups.last().ok_or("no groups")?;
+    if !sim.config().is_idle_group(idle) || sim.config().is_idle_group(1) {
+        return Err(format!("group {idle} must be idle and group 1 busy"));
+    }
+    let all_led = sim.run_until_true(300 * TICK_US, TICK_US, |s| {
+        s.groups().iter().all(|&g| s.group_leader(g).is_some())
+    });
+    if !all_led {
+        return Err("not every group elected a leader".into());
+    }
+    let crashed = sim
+        .group_leader(idle)
+        .ok_or("the idle group has no leader")?;
+    let old_term = sim.group_engine(crashed, idle).map_or(0, |e| e.term());
+    notes.push(format!(
+        "node {crashed} leads idle group {idle} in term {old_term}; group 1 is led by {:?}",
+        sim.leader()
+    ));
+    let mut busy_leader = wait_for_leader(sim)?;
+    if busy_leader == crashed {
+        // Move the busy group's leadership away (a request to the busy group
+        // only), so that the crash strikes the idle group's leader alone.
+        let target = sim
+            .config()
+            .voter_ids()
+            .into_iter()
+            .find(|&n| n != crashed)
+            .ok_or("no other voter")?;
+        let tag = sim.submit(crashed, Request::TransferLeadership(target));
+        let moved = sim.run_until_true(200 * TICK_US, TICK_US, |s| s.leader() == Some(target));
+        if !moved {
+            return Err(format!(
+                "group 1's leadership did not move to {target} (answered {:?})",
+                sim.probe_response(tag)
+            ));
+        }
+        busy_leader = target;
+    }
+    write_through(sim, busy_leader, 5, 100)?;
+    let busy_term = sim.engine(busy_leader).map_or(0, |e| e.term());
+    sim.crash_node(crashed);
+    // Only the idle group's own election timers can replace its leader.
+    let election_us = u64::from(sim.config().engine.election_timeout_ticks) * TICK_US;
+    let replaced = sim.run_until_true(20 * election_us, TICK_US, |s| {
+        s.group_leader(idle).is_some_and(|l| {
+            l != crashed && s.group_engine(l, idle).is_some_and(|e| e.term() > old_term)
+        })
+    });
+    let new_leader = sim.group_leader(idle).filter(|_| replaced).ok_or_else(|| {
+        format!("idle group {idle} did not elect a new leader within 20 election timeouts of its leader {crashed} crashing")
+    })?;
+    let new_term = sim.group_engine(new_leader, idle).map_or(0, |e| e.term());
+    notes.push(format!(
+        "idle group {idle} elected node {new_leader} in term {new_term} after node {crashed} crashed"
+    ));
+    // The busy group, whose leader did not crash, goes on under it.
+    write_through(sim, busy_leader, 5, 200)?;
+    let still = sim.engine(busy_leader).map_or(0, |e| e.term());
+    if sim.leader() != Some(busy_leader) || still != busy_term {
+        return Err(format!(
+            "group 1 changed leader ({:?} in term {still}, was {busy_leader} in term {busy_term}): the crash of another group's leader must not disturb it",
+            sim.leader()
+        ));
+    }
+    notes.push(format!(
+        "group 1 kept leader {busy_leader} in term {busy_term} throughout"
+    ));
+    if !sim.group_history(idle).operations.is_empty() {
+        return Err(format!("idle group {idle} saw client operations"));
+    }
+    if !sim.restart_node(crashed) {
+        return Err(format!("node {crashed} did not restart"));
+    }
+    if !sim.run_liveness() {
+        return Err("the groups did not all converge after the restart".into());
+    }
+    if sim.coverage().count(Counter::IdleGroupReelected) == 0 {
+        return Err("no re-election in an idle group was counted".into());
+    }
+    let caught_up = sim.group_machine(crashed, idle).map_or(0, |m| m.applied());
+    notes.push(format!(
+        "after the restart node {crashed} follows {:?} in group {idle}, applied {caught_up}",
+        sim.group_engine(crashed, idle).and_then(|e| e.leader())
+    ));
     Ok(())
 }
 

@@ -4,6 +4,12 @@
 //! node crashes first. A restart rebuilds the engine's [`RestoredState`]
 //! from the synced state alone.
 //!
+//! A node hosts one or more Raft groups over one durable log
+//! ([`NodeDisk`]): each group's part of it is a [`DiskModel`], and a sync is
+//! the node's, not a group's (group commit): it covers every group's writes
+//! since the last one, a crash loses every group's unsynced writes together,
+//! and installing a received snapshot syncs the whole log.
+//!
 //! The model also checks the durable-state promises the engine makes: the
 //! synced term never decreases, a vote is never changed within a term, the
 //! synced commit index never goes back, and the log never gets a gap.
@@ -11,7 +17,9 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use ferry_raft::{Entry, HardState, Index, PersistRequest, RestoredState, SnapshotMeta, Term};
+use ferry_raft::{
+    Entry, GroupId, HardState, Index, PersistRequest, RestoredState, SnapshotMeta, Term,
+};
 
 /// The most written-but-unsynced requests the disk holds; the engine
 /// waits for syncs, so more means the runtime lost track of one.
@@ -81,6 +89,12 @@ pub enum StorageViolation {
     UnexpectedSync {
         /// The seq.
         seq: u64,
+    },
+    /// A write or a sync for a group the node does not host.
+    #[error("group {group} is not hosted on this node")]
+    UnknownGroup {
+        /// The group.
+        group: GroupId,
     },
 }
 
@@ -338,6 +352,13 @@ impl DiskModel {
         self.make_durable_through(seq)
     }
 
+    /// Makes every write so far durable, as a sync of the whole log does
+    /// (a sync that is running stays in flight, as in
+    /// [`DiskModel::install_snapshot`]).
+    pub fn make_written_durable(&mut self) -> Result<(), StorageViolation> {
+        self.make_durable_through(self.last_written_seq)
+    }
+
     fn make_durable_through(&mut self, seq: u64) -> Result<(), StorageViolation> {
         while self.pending.front().is_some_and(|r| r.seq <= seq) {
             let Some(request) = self.pending.pop_front() else {
@@ -461,6 +482,170 @@ impl DiskModel {
         }
         let end = offset.saturating_add(max_bytes.max(1)).min(len);
         Some((data.slice(offset as usize..end as usize), end == len))
+    }
+}
+
+/// The storage of one node: one durable log shared by every group the node
+/// hosts, with group commit, and a snapshot store per group. Each group's
+/// part is a [`DiskModel`] (its own persist seqs, synced state, snapshot);
+/// syncs belong to the node: one runs at a time and covers every group's
+/// writes since the previous one, which is what the real log does
+/// (`ferry_storage::Wal::prepare_sync`).
+#[derive(Clone, Debug, Default)]
+pub struct NodeDisk {
+    /// Each group's part, sorted by group id (a vector: it is looked up on
+    /// every write and every message sent, and nodes host few groups).
+    groups: Vec<(GroupId, DiskModel)>,
+    /// Whether a sync runs (each covered group's model knows its own seq).
+    sync_in_flight: bool,
+}
+
+/// A broken promise about one group's durable state.
+pub type GroupViolation = (GroupId, StorageViolation);
+
+/// What one sync of a node's log covers: each group's writes through its
+/// seq, in group order.
+pub type SyncCoverage = Vec<(GroupId, u64)>;
+
+impl NodeDisk {
+    /// A node's storage holding each group's `initial` state as synced.
+    pub fn new(initial: impl IntoIterator<Item = (GroupId, DurableState)>) -> Self {
+        let mut groups: Vec<(GroupId, DiskModel)> = initial
+            .into_iter()
+            .map(|(group, state)| (group, DiskModel::new(state)))
+            .collect();
+        groups.sort_by_key(|(group, _)| *group);
+        groups.dedup_by_key(|(group, _)| *group);
+        NodeDisk {
+            groups,
+            sync_in_flight: false,
+        }
+    }
+
+    /// The groups the node hosts, in order.
+    pub fn group_ids(&self) -> Vec<GroupId> {
+        self.groups.iter().map(|(group, _)| *group).collect()
+    }
+
+    fn position(&self, group: GroupId) -> Option<usize> {
+        self.groups.binary_search_by_key(&group, |(g, _)| *g).ok()
+    }
+
+    /// One group's part of the storage.
+    pub fn group(&self, group: GroupId) -> Option<&DiskModel> {
+        let i = self.position(group)?;
+        self.groups.get(i).map(|(_, disk)| disk)
+    }
+
+    /// One group's part of the storage, to change it. Syncs go through the
+    /// node ([`NodeDisk::start_sync`]), not through the group's model.
+    pub fn group_mut(&mut self, group: GroupId) -> Option<&mut DiskModel> {
+        let i = self.position(group)?;
+        self.groups.get_mut(i).map(|(_, disk)| disk)
+    }
+
+    /// Writes a request of `group` to the shared log (not yet durable).
+    pub fn write(
+        &mut self,
+        group: GroupId,
+        request: PersistRequest,
+    ) -> Result<(), StorageViolation> {
+        match self.group_mut(group) {
+            Some(disk) => disk.write(request),
+            None => Err(StorageViolation::UnknownGroup { group }),
+        }
+    }
+
+    /// Starts a sync of everything written so far in every group, if there
+    /// is something to sync and no sync is running. Returns the seq each
+    /// covered group's writes will be durable through.
+    pub fn start_sync(&mut self) -> Option<SyncCoverage> {
+        if self.sync_in_flight {
+            return None;
+        }
+        let covered: SyncCoverage = self
+            .groups
+            .iter_mut()
+            .filter_map(|(group, disk)| disk.start_sync().map(|seq| (*group, seq)))
+            .collect();
+        if covered.is_empty() {
+            return None;
+        }
+        self.sync_in_flight = true;
+        Some(covered)
+    }
+
+    /// Completes the running sync, which covered `covered`: every covered
+    /// group's writes through its seq become durable, all of them or (on a
+    /// broken promise) the run fails.
+    pub fn complete_sync(&mut self, covered: &[(GroupId, u64)]) -> Result<(), GroupViolation> {
+        let unexpected =
+            |(group, seq): (GroupId, u64)| (group, StorageViolation::UnexpectedSync { seq });
+        if !self.sync_in_flight {
+            return Err(unexpected(covered.first().copied().unwrap_or((0, 0))));
+        }
+        self.sync_in_flight = false;
+        for &(group, seq) in covered {
+            let disk = self
+                .group_mut(group)
+                .ok_or((group, StorageViolation::UnknownGroup { group }))?;
+            disk.complete_sync(seq).map_err(|v| (group, v))?;
+        }
+        // A group the sync covered but `covered` left out would never sync
+        // again: that is a bug of the caller, not a disk's doing.
+        match self.groups.iter().find(|(_, disk)| disk.sync_in_flight()) {
+            Some((group, _)) => Err(unexpected((*group, 0))),
+            None => Ok(()),
+        }
+    }
+
+    /// Each group's highest durable seq not reported to its engine yet, in
+    /// group order; marks them reported.
+    pub fn take_persisted_reports(&mut self) -> Vec<(GroupId, u64)> {
+        self.groups
+            .iter_mut()
+            .filter_map(|(group, disk)| disk.take_persisted_report().map(|seq| (*group, seq)))
+            .collect()
+    }
+
+    /// Whether a sync is running.
+    pub fn sync_in_flight(&self) -> bool {
+        self.sync_in_flight
+    }
+
+    /// Whether any group has writes waiting for a sync.
+    pub fn has_unsynced(&self) -> bool {
+        self.groups.iter().any(|(_, disk)| disk.has_unsynced())
+    }
+
+    /// The power goes out: every group's unsynced writes are lost together.
+    pub fn crash(&mut self) {
+        self.sync_in_flight = false;
+        for (_, disk) in self.groups.iter_mut() {
+            disk.crash();
+        }
+    }
+
+    /// Installs a snapshot `group` received. The install syncs the whole
+    /// log, so every group's writes so far become durable, the installing
+    /// group's first (a running sync stays in flight and, when it
+    /// completes, finds its writes durable already).
+    pub fn install_snapshot(
+        &mut self,
+        group: GroupId,
+        meta: SnapshotMeta,
+        data: Bytes,
+    ) -> Result<(), GroupViolation> {
+        let disk = self
+            .group_mut(group)
+            .ok_or((group, StorageViolation::UnknownGroup { group }))?;
+        disk.install_snapshot(meta, data).map_err(|v| (group, v))?;
+        for (other, disk) in self.groups.iter_mut() {
+            if *other != group {
+                disk.make_written_durable().map_err(|v| (*other, v))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -716,5 +901,63 @@ mod tests {
             vec![entry(3, 1), entry(4, 1), entry(5, 1)]
         );
         assert_eq!(disk.synced().restored_state().entries.len(), 2);
+    }
+
+    fn two_groups() -> NodeDisk {
+        NodeDisk::new([(1, DurableState::default()), (2, DurableState::default())])
+    }
+
+    #[test]
+    fn one_sync_covers_every_groups_writes() {
+        let mut disk = two_groups();
+        disk.write(1, request(1, None, vec![entry(1, 1)])).unwrap();
+        disk.write(2, request(1, None, vec![entry(1, 1), entry(2, 1)]))
+            .unwrap();
+        disk.write(2, request(2, None, vec![entry(3, 1)])).unwrap();
+        let covered = disk.start_sync().unwrap();
+        assert_eq!(covered, vec![(1, 1), (2, 2)]);
+        assert_eq!(disk.start_sync(), None, "one sync at a time per node");
+        // Written while the sync runs: the next sync's.
+        disk.write(1, request(2, None, vec![entry(2, 1)])).unwrap();
+        disk.complete_sync(&covered).unwrap();
+        assert_eq!(disk.take_persisted_reports(), vec![(1, 1), (2, 2)]);
+        assert_eq!(disk.group(1).unwrap().synced().last_index(), 1);
+        assert_eq!(disk.group(2).unwrap().synced().last_index(), 3);
+        assert_eq!(disk.start_sync(), Some(vec![(1, 2)]));
+        assert!(disk.write(3, request(1, None, vec![])).is_err());
+    }
+
+    #[test]
+    fn a_crash_loses_every_groups_unsynced_writes() {
+        let mut disk = two_groups();
+        disk.write(1, request(1, None, vec![entry(1, 1)])).unwrap();
+        let covered = disk.start_sync().unwrap();
+        disk.complete_sync(&covered).unwrap();
+        disk.write(1, request(2, None, vec![entry(2, 1)])).unwrap();
+        disk.write(2, request(1, None, vec![entry(1, 1)])).unwrap();
+        assert!(disk.start_sync().is_some());
+        disk.crash();
+        assert!(!disk.has_unsynced());
+        assert!(!disk.sync_in_flight());
+        assert_eq!(disk.group(1).unwrap().synced().last_index(), 1);
+        assert_eq!(disk.group(2).unwrap().synced().last_index(), 0);
+    }
+
+    #[test]
+    fn installing_a_snapshot_syncs_every_group() {
+        let mut disk = two_groups();
+        disk.write(1, request(1, None, vec![entry(1, 1)])).unwrap();
+        disk.write(2, request(1, None, vec![entry(1, 1)])).unwrap();
+        let meta = SnapshotMeta {
+            index: 4,
+            term: 1,
+            config: Configuration::default(),
+        };
+        disk.install_snapshot(2, meta, Bytes::from_static(b"s"))
+            .unwrap();
+        assert_eq!(disk.take_persisted_reports(), vec![(1, 1), (2, 1)]);
+        assert_eq!(disk.group(1).unwrap().synced().last_index(), 1);
+        assert_eq!(disk.group(2).unwrap().synced().last_index(), 4);
+        assert!(!disk.has_unsynced());
     }
 }

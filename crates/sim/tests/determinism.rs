@@ -18,7 +18,7 @@ fn same_seed_same_trace_bytes() {
         );
         assert_eq!(a.as_bytes(), b.as_bytes(), "seed {seed}: traces differ");
         assert_eq!(
-            first.history, second.history,
+            first.histories, second.histories,
             "seed {seed}: histories differ"
         );
         assert_eq!(
@@ -33,7 +33,7 @@ fn same_seed_same_trace_bytes() {
 fn tracing_does_not_change_the_run() {
     let traced = run_seed(11, None, true);
     let quiet = run_seed(11, None, false);
-    assert_eq!(traced.history, quiet.history);
+    assert_eq!(traced.histories, quiet.histories);
     assert_eq!(traced.coverage, quiet.coverage);
     assert!(quiet.trace.is_none());
 }

@@ -1,6 +1,8 @@
 //! The register workload: clients that invoke reads, writes and
 //! compare-and-set, retry definite refusals, learn outcomes from the state
-//! machine, and record the history.
+//! machine, and record the history. With several groups per node each
+//! operation goes to one of the active groups (idle groups get none), whose
+//! registers are its own, and is recorded in that group's history.
 
 use super::*;
 
@@ -11,6 +13,25 @@ impl Simulation {
             * TICK_US
     }
 
+    /// The group the next operation goes to: one of the active groups,
+    /// drawn from the multi-group stream (with one group, group 1 and no draw).
+    fn pick_client_group(&mut self) -> GroupId {
+        if self.config.groups <= 1 {
+            return GROUP;
+        }
+        let active = self.config.active_group_ids();
+        self.group_rng.pick(&active).copied().unwrap_or(GROUP)
+    }
+
+    /// The group named in a client's trace line, when there are several.
+    fn group_tag(&self, group: GroupId) -> String {
+        if self.config.groups > 1 {
+            format!("g{group} ")
+        } else {
+            String::new()
+        }
+    }
+
     pub(super) fn client_start_op(&mut self, slot: usize) {
         if self.phase != Phase::Main
             || slot >= self.clients.len()
@@ -18,6 +39,7 @@ impl Simulation {
         {
             return;
         }
+        let group = self.pick_client_group();
         let key = self.rng.range(0, self.config.keys.max(1));
         let kind = match self.rng.range(0, 100) {
             0..=39 => OpKind::Read,
@@ -29,7 +51,7 @@ impl Simulation {
             _ => {
                 let to = self.next_value;
                 self.next_value += 1;
-                let known = self.last_values.get(&key).copied();
+                let known = self.last_values.get(&(group, key)).copied();
                 let from = match known {
                     Some(v) if self.rng.chance_percent(70) => v,
                     _ if self.next_value > 2 => self.rng.range(1, self.next_value - 1),
@@ -51,6 +73,7 @@ impl Simulation {
         client.op = Some(ClientOp {
             uid,
             op_seq,
+            group,
             key,
             kind,
             lease_read,
@@ -59,9 +82,13 @@ impl Simulation {
             awaiting: Awaiting::Backoff,
         });
         let client_id = client.client_id;
+        let tag = self.group_tag(group);
         self.log(
             None,
-            &format!("client c{client_id} invoke {} key={key}", op_label(kind)),
+            &format!(
+                "client c{client_id} {tag}invoke {} key={key}",
+                op_label(kind)
+            ),
         );
         let timeout = self.client_timeout_us();
         self.schedule(timeout, Event::ClientDeadline { slot, uid });
@@ -87,8 +114,9 @@ impl Simulation {
             },
         };
         op.attempts += 1;
-        self.log(
+        self.log_group(
             Some(node),
+            op.group,
             &format!(
                 "client c{client_id} attempt {} of {}",
                 op.attempts,
@@ -102,7 +130,9 @@ impl Simulation {
             return;
         }
         if op.kind == OpKind::Read && self.config.sabotage == Sabotage::LocalReads {
-            let value = self.machine(node).and_then(|m| m.get(op.key));
+            let value = self
+                .group_machine(node, op.group)
+                .and_then(|m| m.get(op.key));
             self.clients[slot].op = Some(op);
             self.client_complete(slot, Outcome::Ok { read: value });
             return;
@@ -144,6 +174,7 @@ impl Simulation {
             .insert((node, request_id), Owner::Client { slot, uid: op.uid });
         self.feed(
             node,
+            op.group,
             Input::Client {
                 id: request_id,
                 request,
@@ -189,14 +220,14 @@ impl Simulation {
         }
         match (op.kind, result) {
             (OpKind::Read, Ok(Response::ReadReady { index })) => {
-                let Some(machine) = self.machine(node) else {
+                let Some(machine) = self.group_machine(node, op.group) else {
                     return;
                 };
                 if machine.applied() < index {
                     let applied = machine.applied();
                     self.fail(
                         FailureKind::Contract,
-                        format!("node {node} said a read is ready at {index} but its state machine has applied only {applied}"),
+                        format!("{} said a read is ready at {index} but its state machine has applied only {applied}", self.who(node, op.group)),
                     );
                     return;
                 }
@@ -211,22 +242,24 @@ impl Simulation {
                 if let Some(op) = self.clients[slot].op.as_mut() {
                     op.awaiting = Awaiting::Apply { node, index, term };
                 }
-                self.resolve_applied(node, false);
+                self.resolve_applied(node, op.group, false);
             }
             (_, Ok(other)) => {
                 self.fail(
                     FailureKind::Contract,
                     format!(
-                        "node {node} answered a {} with {other:?}",
+                        "{} answered a {} with {other:?}",
+                        self.who(node, op.group),
                         op_label(op.kind)
                     ),
                 );
             }
             (kind, Err(error)) => {
+                let tag = self.group_tag(op.group);
                 self.log(
                     None,
                     &format!(
-                        "client c{} attempt refused: {error}",
+                        "client c{} {tag}attempt refused: {error}",
                         self.clients[slot].client_id
                     ),
                 );
@@ -245,9 +278,9 @@ impl Simulation {
         }
     }
 
-    /// Answers proposals waiting on `node` whose index it has now applied,
-    /// from its state machine's session table.
-    pub(super) fn resolve_applied(&mut self, id: NodeId, after_snapshot: bool) {
+    /// Answers proposals to `group` waiting on `node` whose index it has now
+    /// applied, from its state machine's session table.
+    pub(super) fn resolve_applied(&mut self, id: NodeId, group: GroupId, after_snapshot: bool) {
         for slot in 0..self.clients.len() {
             let Some(op) = self.clients[slot].op else {
                 continue;
@@ -255,10 +288,10 @@ impl Simulation {
             let Awaiting::Apply { node, index, .. } = op.awaiting else {
                 continue;
             };
-            if node != id {
+            if node != id || op.group != group {
                 continue;
             }
-            let Some(machine) = self.machine(id) else {
+            let Some(machine) = self.group_machine(id, group) else {
                 continue;
             };
             if machine.applied() < index {
@@ -320,33 +353,38 @@ impl Simulation {
         match (op.kind, outcome) {
             (OpKind::Read, Outcome::Ok { read: Some(v) })
             | (OpKind::Write(v), Outcome::Ok { .. }) => {
-                self.last_values.insert(op.key, v);
+                self.last_values.insert((op.group, op.key), v);
             }
             (OpKind::Cas { to, .. }, Outcome::Ok { .. }) => {
-                self.last_values.insert(op.key, to);
+                self.last_values.insert((op.group, op.key), to);
             }
             _ => {}
         }
-        self.history.operations.push(Operation {
-            client: client_id,
-            key: op.key,
-            kind: op.kind,
-            invoked_at: op.invoked_at,
-            completed_at: match outcome {
-                Outcome::Unknown => None,
-                Outcome::Ok { .. } | Outcome::Fail => Some(self.now_us),
-            },
-            outcome,
-        });
+        self.histories
+            .entry(op.group)
+            .or_default()
+            .operations
+            .push(Operation {
+                client: client_id,
+                key: op.key,
+                kind: op.kind,
+                invoked_at: op.invoked_at,
+                completed_at: match outcome {
+                    Outcome::Unknown => None,
+                    Outcome::Ok { .. } | Outcome::Fail => Some(self.now_us),
+                },
+                outcome,
+            });
         self.coverage.hit(match outcome {
             Outcome::Ok { .. } => Counter::ClientOk,
             Outcome::Fail => Counter::ClientFail,
             Outcome::Unknown => Counter::ClientUnknown,
         });
+        let tag = self.group_tag(op.group);
         self.log(
             None,
             &format!(
-                "client c{client_id} {} key={} -> {outcome:?}",
+                "client c{client_id} {tag}{} key={} -> {outcome:?}",
                 op_label(op.kind),
                 op.key
             ),

@@ -2,6 +2,9 @@
 //! what came back, carrying out syncs and snapshot I/O on it, stopping a
 //! node whose storage failed, injecting disk faults, and replacing a node
 //! whose disk was found corrupt (the way back the storage crate documents).
+//! The storage is the node's: one log and one snapshot store for all its
+//! groups, so a failure stops every group on the node, and a lost disk is
+//! replaced in every group.
 
 use ferry_storage::{CrashMode, StorageError};
 
@@ -13,7 +16,7 @@ pub(super) fn disk_seed(seed: u64, id: NodeId) -> u64 {
     seed.rotate_left(17) ^ id.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ 0xd15c
 }
 
-/// Where the replacement of a node with a corrupt disk stands.
+/// Where the replacement of a node with a corrupt disk stands, in one group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum RepairStage {
     /// The healthy members remove the node from the group.
@@ -22,14 +25,18 @@ pub(super) enum RepairStage {
     AddLearner,
     /// The learner is promoted once it has caught up.
     Promote,
+    /// The replacement is a voter in the group.
+    Done,
 }
 
-/// The replacement of one node whose disk was found corrupt.
-#[derive(Clone, Copy, Debug)]
+/// The replacement of one node whose disk was found corrupt, group by group.
+#[derive(Clone, Debug)]
 pub(super) struct Repair {
     lost: NodeId,
     replacement: NodeId,
-    stage: RepairStage,
+    stages: BTreeMap<GroupId, RepairStage>,
+    /// Whether the lost node's disk was wiped (once it is out of every group).
+    wiped: bool,
 }
 
 impl Simulation {
@@ -40,9 +47,9 @@ impl Simulation {
     }
 
     /// A copy of a node's disk as it is now (what a backup of its data
-    /// directory would hold), on the storage model (`None` in runs on the
-    /// real storage).
-    pub fn copy_disk(&self, id: NodeId) -> Option<DiskModel> {
+    /// directory would hold: every group's part), on the storage model
+    /// (`None` in runs on the real storage).
+    pub fn copy_disk(&self, id: NodeId) -> Option<NodeDisk> {
         let node = self.nodes.get(&id)?;
         node.real.is_none().then(|| node.disk.clone())
     }
@@ -53,7 +60,7 @@ impl Simulation {
     /// are recorded ([`Simulation::faults_seen`]) instead of failing the run,
     /// and the scenario decides what must have been detected. Safety,
     /// linearizability and liveness are still checked.
-    pub fn restore_stale_disk(&mut self, id: NodeId, mut disk: DiskModel) -> bool {
+    pub fn restore_stale_disk(&mut self, id: NodeId, mut disk: NodeDisk) -> bool {
         let Some(node) = self.nodes.get_mut(&id) else {
             return false;
         };
@@ -71,8 +78,9 @@ impl Simulation {
         true
     }
 
-    /// The faults detected since a scenario allowed them.
-    pub fn faults_seen(&self) -> &[(NodeId, ferry_raft::Fault)] {
+    /// The faults detected since a scenario allowed them: which node, in
+    /// which group, detected what.
+    pub fn faults_seen(&self) -> &[(NodeId, GroupId, ferry_raft::Fault)] {
         self.faults_seen.as_deref().unwrap_or(&[])
     }
 
@@ -127,10 +135,11 @@ impl Simulation {
             self.config.disk.sync_ticks_min,
             self.config.disk.sync_ticks_max,
         );
+        let multi = self.config.groups > 1;
         let Some(node) = self.nodes.get_mut(&id) else {
             return false;
         };
-        let initial = node.initial.clone();
+        let initial = node.initial_states();
         let Some(real) = node.real.as_mut() else {
             return true;
         };
@@ -185,35 +194,49 @@ impl Simulation {
             }) => {
                 let check = node.restart_check.take();
                 let corrupted = std::mem::take(&mut node.corrupted_since_open);
-                if let Some(acked) = &check {
-                    if let Err(detail) = check_restored(acked, &durable) {
-                        if corrupted {
-                            // Damage to the very end of the log looks like a
-                            // torn write and is cut (the storage crate's
-                            // documented limit). Only the simulator knows the
-                            // sector was damaged; it treats the disk as lost.
-                            node.disk_lost = true;
-                            real.crash(CrashMode::LoseUnsynced);
-                            self.coverage.hit(Counter::CorruptTailTakenForTorn);
-                            self.log(
-                                Some(id),
-                                &format!("a damaged sector at the log's end passed for a torn write (documented limit); the node stays down: {detail}"),
-                            );
-                            self.begin_repair(id);
-                            return false;
-                        }
-                        self.fail(
-                            FailureKind::Durability,
-                            format!("node {id} restarted without what it had synced: {detail}"),
+                let mut restored = Ok(());
+                for (group, acked) in check.iter().flatten() {
+                    let Some(state) = durable.get_mut(group) else {
+                        continue;
+                    };
+                    if let Err(detail) = check_restored(acked, state) {
+                        restored = Err(if multi {
+                            format!("group {group}: {detail}")
+                        } else {
+                            detail
+                        });
+                        break;
+                    }
+                    state.votes = acked.synced.votes.clone();
+                }
+                if let Err(detail) = restored {
+                    if corrupted {
+                        // Damage to the very end of the log looks like a
+                        // torn write and is cut (the storage crate's
+                        // documented limit). Only the simulator knows the
+                        // sector was damaged; it treats the disk as lost.
+                        node.disk_lost = true;
+                        real.crash(CrashMode::LoseUnsynced);
+                        self.coverage.hit(Counter::CorruptTailTakenForTorn);
+                        self.log(
+                            Some(id),
+                            &format!("a damaged sector at the log's end passed for a torn write (documented limit); the node stays down: {detail}"),
                         );
+                        self.begin_repair(id);
                         return false;
                     }
-                    durable.votes = acked.synced.votes.clone();
+                    self.fail(
+                        FailureKind::Durability,
+                        format!("node {id} restarted without what it had synced: {detail}"),
+                    );
+                    return false;
                 }
-                if let Some(vote) = durable.hard_state.vote {
-                    durable.votes.insert(durable.hard_state.term, vote);
+                for state in durable.values_mut() {
+                    if let Some(vote) = state.hard_state.vote {
+                        state.votes.insert(state.hard_state.term, vote);
+                    }
                 }
-                node.disk = DiskModel::new(durable);
+                node.disk = NodeDisk::new(durable);
                 if truncated_bytes > 0 {
                     self.coverage.hit(Counter::TornTailCut);
                     self.log(
@@ -290,20 +313,44 @@ impl Simulation {
     }
 
     /// Completes a sync on the real storage, checking it made the same
-    /// writes durable as the model. Returns whether to go on.
-    pub(super) fn real_complete_sync(&mut self, id: NodeId, seq: u64) -> bool {
+    /// writes durable as the model, group by group: one sync of the shared
+    /// log covers exactly the groups, and the seqs, the model's sync
+    /// covered. Returns whether to go on.
+    pub(super) fn real_complete_sync(&mut self, id: NodeId, covered: &[(GroupId, u64)]) -> bool {
+        let multi = self.config.groups > 1;
         let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
             return true;
         };
         match real.complete_sync() {
-            Ok(Some(durable)) if durable != seq => {
-                self.fail(
-                    FailureKind::Durability,
-                    format!("node {id}: the real log made seq {durable} durable, the model {seq}"),
-                );
+            Ok(Some(durable)) => {
+                // A group the model covered may be missing from the real
+                // log's answer only if it wrote nothing the log recorded;
+                // a group or a seq the model did not cover is a mismatch.
+                let model_seq = |group: GroupId| {
+                    covered
+                        .binary_search_by_key(&group, |(g, _)| *g)
+                        .ok()
+                        .and_then(|i| covered.get(i))
+                        .map(|(_, seq)| *seq)
+                };
+                let mismatch = durable
+                    .iter()
+                    .find(|(&group, &seq)| model_seq(group) != Some(seq));
+                let Some((&group, &real_seq)) = mismatch else {
+                    return true;
+                };
+                let model = model_seq(group).unwrap_or(0);
+                let detail = if multi {
+                    format!("node {id}: the real log made seq {real_seq} of group {group} durable, the model {model} (the model's sync covered {covered:?}, the real one {durable:?})")
+                } else {
+                    format!(
+                        "node {id}: the real log made seq {real_seq} durable, the model {model}"
+                    )
+                };
+                self.fail(FailureKind::Durability, detail);
                 false
             }
-            Ok(_) => true,
+            Ok(None) => true,
             Err(e) => {
                 self.storage_failed(id, e);
                 false
@@ -316,6 +363,7 @@ impl Simulation {
     pub(super) fn real_save_chunk(
         &mut self,
         id: NodeId,
+        group: GroupId,
         meta: &SnapshotMeta,
         offset: u64,
         data: &[u8],
@@ -323,13 +371,13 @@ impl Simulation {
         let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
             return true;
         };
-        match real.save_chunk(meta, offset, data) {
+        match real.save_chunk(group, meta, offset, data) {
             Ok(()) => true,
             Err(
                 e @ (StorageError::InvalidRequest { .. }
                 | StorageError::SnapshotChunkOutOfOrder { .. }),
             ) => {
-                self.log(Some(id), &format!("snapshot chunk refused: {e}"));
+                self.log_group(Some(id), group, &format!("snapshot chunk refused: {e}"));
                 false
             }
             Err(e) => {
@@ -343,26 +391,34 @@ impl Simulation {
     pub(super) fn real_save_local_snapshot(
         &mut self,
         id: NodeId,
+        group: GroupId,
         meta: &SnapshotMeta,
         data: &Bytes,
     ) -> bool {
         let Some(node) = self.nodes.get_mut(&id) else {
             return false;
         };
-        if meta.index <= node.disk.synced().snapshot.index {
+        let stored_index = node
+            .disk
+            .group(group)
+            .map_or(0, |d| d.synced().snapshot.index);
+        if meta.index <= stored_index {
             return true;
         }
         let Some(real) = node.real.as_mut() else {
             return true;
         };
-        node.snapshot_attempt = Some((meta.clone(), data.clone()));
-        match real.save_local_snapshot(meta.clone(), data) {
+        let Some(replica) = group_index(group).and_then(|i| node.replicas.get_mut(i)) else {
+            return false;
+        };
+        replica.snapshot_attempt = Some((meta.clone(), data.clone()));
+        match real.save_local_snapshot(group, meta.clone(), data) {
             Ok(()) => {
-                node.snapshot_attempt = None;
+                replica.snapshot_attempt = None;
                 true
             }
             Err(e) => {
-                node.snapshot_in_progress = false;
+                replica.snapshot_in_progress = false;
                 self.storage_failed(id, e);
                 false
             }
@@ -374,6 +430,7 @@ impl Simulation {
     pub(super) fn real_load_chunk(
         &mut self,
         id: NodeId,
+        group: GroupId,
         snapshot_index: Index,
         offset: u64,
         max_bytes: u64,
@@ -382,13 +439,14 @@ impl Simulation {
         let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
             return Some(model_chunk);
         };
-        match real.load_chunk(snapshot_index, offset, max_bytes) {
+        match real.load_chunk(group, snapshot_index, offset, max_bytes) {
             Ok(chunk) => {
                 if let (Some(real_chunk), Some(expected)) = (&chunk, &model_chunk) {
                     if real_chunk != expected {
+                        let who = self.who(id, group);
                         self.fail(
                             FailureKind::Durability,
-                            format!("node {id}: the stored snapshot at {snapshot_index} gives other bytes at offset {offset} than were saved"),
+                            format!("{who}: the stored snapshot at {snapshot_index} gives other bytes at offset {offset} than were saved"),
                         );
                         return None;
                     }
@@ -443,7 +501,7 @@ impl Simulation {
                     .config
                     .replacement_ids()
                     .iter()
-                    .any(|r| !self.ever_added.contains(r));
+                    .any(|&r| !self.ever_added_anywhere(r));
                 if any_lost || self.repair.is_some() || !replacement_free {
                     return;
                 }
@@ -453,7 +511,15 @@ impl Simulation {
                 // stops it.
                 let while_running = self.rng.chance_percent(50);
                 if while_running {
-                    match self.leader() {
+                    // A leader of some group: it reads its snapshots to
+                    // send them (with one group, group 1 and no draw).
+                    let group = if self.config.groups > 1 {
+                        let groups: Vec<GroupId> = self.group_ids().collect();
+                        self.group_rng.pick(&groups).copied().unwrap_or(GROUP)
+                    } else {
+                        GROUP
+                    };
+                    match self.group_leader(group) {
                         Some(leader) => victim = leader,
                         _ => return,
                     }
@@ -489,8 +555,13 @@ impl Simulation {
         }
     }
 
+    /// Whether `id` was ever added to (or started for) any group.
+    pub(super) fn ever_added_anywhere(&self, id: NodeId) -> bool {
+        self.ever_added.iter().any(|&(_, n)| n == id)
+    }
+
     /// Starts replacing `lost` (whose disk is corrupt) with a free
-    /// replacement id, if there is one.
+    /// replacement id, if there is one, in every group.
     pub(super) fn begin_repair(&mut self, lost: NodeId) {
         if self.repair.is_some() {
             return;
@@ -499,15 +570,19 @@ impl Simulation {
             .config
             .replacement_ids()
             .into_iter()
-            .find(|r| !self.ever_added.contains(r))
+            .find(|&r| !self.ever_added_anywhere(r))
         else {
             return;
         };
-        self.ever_added.push(replacement);
+        let groups: Vec<GroupId> = self.group_ids().collect();
+        for &group in &groups {
+            self.ever_added.insert((group, replacement));
+        }
         self.repair = Some(Repair {
             lost,
             replacement,
-            stage: RepairStage::Remove,
+            stages: groups.iter().map(|&g| (g, RepairStage::Remove)).collect(),
+            wiped: false,
         });
         self.log(
             Some(lost),
@@ -516,10 +591,11 @@ impl Simulation {
         self.schedule(TICK_US, Event::RepairStep);
     }
 
-    /// One step of the repair: ask the leader for the next membership
-    /// change once the previous one shows in its configuration.
+    /// One step of the repair: ask each group's leader for the group's
+    /// next membership change once the previous one shows in its
+    /// configuration.
     pub(super) fn repair_step(&mut self) {
-        let Some(mut repair) = self.repair else {
+        let Some(repair) = self.repair.clone() else {
             return;
         };
         if self.phase == Phase::Done {
@@ -527,32 +603,78 @@ impl Simulation {
         }
         let election_us = u64::from(self.config.engine.election_timeout_ticks) * TICK_US;
         self.schedule(election_us, Event::RepairStep);
-        let Some(leader) = self.leader() else {
+        for (&group, &stage) in &repair.stages {
+            if self.failure.is_some() {
+                return;
+            }
+            self.repair_group_step(group, stage);
+        }
+        if self
+            .repair
+            .as_ref()
+            .is_some_and(|r| r.stages.values().all(|s| *s == RepairStage::Done))
+        {
+            let (lost, replacement) = (repair.lost, repair.replacement);
+            if self.config.groups > 1 {
+                self.log(
+                    Some(replacement),
+                    &format!(
+                        "repair: n{replacement} is a voter in place of n{lost} in every group"
+                    ),
+                );
+            }
+            self.coverage.hit(Counter::NodeRepaired);
+            self.repair = None;
+        }
+    }
+
+    fn set_repair_stage(&mut self, group: GroupId, stage: RepairStage) {
+        if let Some(repair) = self.repair.as_mut() {
+            repair.stages.insert(group, stage);
+        }
+    }
+
+    /// The repair's step in one group.
+    fn repair_group_step(&mut self, group: GroupId, stage: RepairStage) {
+        let Some((lost, replacement)) = self.repair.as_ref().map(|r| (r.lost, r.replacement))
+        else {
             return;
         };
-        let Some(config) = self.engine(leader).map(|e| e.config().clone()) else {
+        let Some(leader) = self.group_leader(group) else {
             return;
         };
-        let (lost, replacement) = (repair.lost, repair.replacement);
-        let request = match repair.stage {
+        let Some(config) = self.group_engine(leader, group).map(|e| e.config().clone()) else {
+            return;
+        };
+        let request = match stage {
+            RepairStage::Done => return,
             RepairStage::Remove if config.contains(lost) => MembershipChange::Remove(lost),
             RepairStage::Remove => {
-                // Out of the group: move its data aside and start the
-                // replacement with an empty disk.
-                if let Some(node) = self.nodes.get_mut(&lost) {
-                    let seed = disk_seed(self.config.seed ^ 0x5ea1, lost);
-                    if let Some(real) = node.real.as_mut() {
-                        real.wipe(
-                            seed,
-                            self.config.disk.sync_ticks_min,
-                            self.config.disk.sync_ticks_max,
-                        );
+                // Out of the group. Once it is out of every group, move its
+                // data aside; start the replacement with an empty disk.
+                self.set_repair_stage(group, RepairStage::AddLearner);
+                let out_everywhere = self.repair.as_ref().is_some_and(|r| {
+                    !r.wiped && r.stages.values().all(|s| *s != RepairStage::Remove)
+                });
+                if out_everywhere {
+                    if let Some(node) = self.nodes.get_mut(&lost) {
+                        let seed = disk_seed(self.config.seed ^ 0x5ea1, lost);
+                        if let Some(real) = node.real.as_mut() {
+                            real.wipe(
+                                seed,
+                                self.config.disk.sync_ticks_min,
+                                self.config.disk.sync_ticks_max,
+                            );
+                        }
                     }
+                    if let Some(repair) = self.repair.as_mut() {
+                        repair.wiped = true;
+                    }
+                    self.log(Some(lost), "repair: removed and wiped");
+                } else {
+                    self.log_group(Some(lost), group, "repair: removed");
                 }
-                self.log(Some(lost), "repair: removed and wiped");
                 self.start_node(replacement);
-                repair.stage = RepairStage::AddLearner;
-                self.repair = Some(repair);
                 MembershipChange::AddLearner(replacement)
             }
             RepairStage::AddLearner if !config.contains(replacement) => {
@@ -561,24 +683,32 @@ impl Simulation {
             RepairStage::AddLearner | RepairStage::Promote
                 if !config.is_voter(replacement) || config.is_joint() =>
             {
-                repair.stage = RepairStage::Promote;
-                self.repair = Some(repair);
+                self.set_repair_stage(group, RepairStage::Promote);
                 if config.is_voter(replacement) {
                     return;
                 }
                 MembershipChange::PromoteLearner(replacement)
             }
             RepairStage::AddLearner | RepairStage::Promote => {
-                self.log(
+                self.log_group(
                     Some(replacement),
+                    group,
                     &format!("repair: n{replacement} is a voter in place of n{lost}"),
                 );
-                self.coverage.hit(Counter::NodeRepaired);
-                self.repair = None;
+                self.set_repair_stage(group, RepairStage::Done);
                 return;
             }
         };
-        self.log(Some(leader), &format!("repair: admin request {request:?}"));
-        self.send_request(leader, Request::ChangeMembership(request), Owner::Admin);
+        self.log_group(
+            Some(leader),
+            group,
+            &format!("repair: admin request {request:?}"),
+        );
+        self.send_request(
+            leader,
+            group,
+            Request::ChangeMembership(request),
+            Owner::Admin { group },
+        );
     }
 }

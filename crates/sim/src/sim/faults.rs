@@ -1,5 +1,7 @@
 //! Fault injection: crashes and restarts, pauses, partitions, clogged
-//! links, clock jumps and drift, drawn from the run's generator.
+//! links, clock jumps and drift, drawn from the run's generator. Every
+//! fault is the node's or the link's, so it strikes all the groups a node
+//! hosts, or all the groups a link carries, at once.
 
 use super::*;
 
@@ -134,11 +136,13 @@ impl Simulation {
                     let ticks = self.rng.range_inclusive(1, 2 * election_ticks);
                     self.log(Some(node), &format!("clock jumps {ticks} ticks"));
                     self.coverage.hit(Counter::ClockJump);
-                    for _ in 0..ticks {
-                        if self.failure.is_some() || !self.is_running(node) {
-                            break;
+                    'ticks: for _ in 0..ticks {
+                        for group in self.group_ids() {
+                            if self.failure.is_some() || !self.is_running(node) {
+                                break 'ticks;
+                            }
+                            self.step(node, group, Input::Tick);
                         }
-                        self.step(node, Input::Tick);
                     }
                 }
             }
@@ -164,9 +168,11 @@ impl Simulation {
         if healing {
             self.coverage.hit(Counter::PartitionHealed);
         }
+        // The connection is the pair's: every group on both sides hears.
         for (a, b) in broke {
-            self.feed(a, Input::PeerDisconnected(b));
-            self.feed(b, Input::PeerDisconnected(a));
+            self.connection_broke(a, b);
+            self.feed_all(a, Input::PeerDisconnected(b));
+            self.feed_all(b, Input::PeerDisconnected(a));
         }
         for (a, b) in restored {
             if self.is_running(a) && self.is_running(b) {
@@ -187,11 +193,21 @@ impl Simulation {
             self.coverage.hit(Counter::UnsyncedWritesLost);
         }
         if node.real.is_some() {
-            node.restart_check = Some(crate::real_storage::Acknowledged {
-                synced: node.disk.synced().clone(),
-                pending: node.disk.pending_requests(),
-                snapshot_attempt: node.snapshot_attempt.take(),
-            });
+            let mut acknowledged = BTreeMap::new();
+            for (group, replica) in (1..).zip(node.replicas.iter_mut()) {
+                let Some(disk) = node.disk.group(group) else {
+                    continue;
+                };
+                acknowledged.insert(
+                    group,
+                    crate::real_storage::Acknowledged {
+                        synced: disk.synced().clone(),
+                        pending: disk.pending_requests(),
+                        snapshot_attempt: replica.snapshot_attempt.take(),
+                    },
+                );
+            }
+            node.restart_check = Some(acknowledged);
             let mode = self.draw_crash_mode();
             let Some(node) = self.nodes.get_mut(&id) else {
                 return;
@@ -207,10 +223,12 @@ impl Simulation {
             return;
         };
         node.disk.crash();
-        node.engine = None;
+        for replica in node.replicas.iter_mut() {
+            replica.engine = None;
+            replica.snapshot_in_progress = false;
+        }
         node.paused = false;
         node.inbox.clear();
-        node.snapshot_in_progress = false;
         self.log(Some(id), "crash");
         // Clients connected to it lose their connection.
         let owned: Vec<(NodeId, RequestId)> = self
@@ -235,7 +253,8 @@ impl Simulation {
         let peers: Vec<NodeId> = self.all_ids.iter().copied().filter(|&p| p != id).collect();
         for peer in peers {
             if self.net.connected(id, peer) {
-                self.feed(peer, Input::PeerDisconnected(id));
+                self.connection_broke(id, peer);
+                self.feed_all(peer, Input::PeerDisconnected(id));
             }
         }
     }
@@ -253,24 +272,30 @@ impl Simulation {
             &format!("resume with {} queued inputs", inbox.len()),
         );
         self.coverage.hit(Counter::PausedNodeResumed);
-        for input in inbox {
+        for (group, input) in inbox {
             if self.failure.is_some() || !self.is_running(id) {
                 break;
             }
-            self.step(id, input);
+            self.step(id, group, input);
         }
     }
 
     pub(super) fn unclog(&mut self, from: NodeId, to: NodeId) {
         let held = self.net.unclog(from, to);
+        let epochs = self.held_epochs.remove(&(from, to)).unwrap_or_default();
         self.log(
             None,
             &format!("unclog n{from}->n{to} releasing {}", held.len()),
         );
         self.coverage.hit(Counter::LinkClogHealed);
-        for message in held {
+        for (i, message) in held.into_iter().enumerate() {
             let delay = self.net.delay_us(&mut self.rng);
-            self.schedule(delay, Event::Deliver(message));
+            // The connection the message was sent on, not today's.
+            let epoch = epochs
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| self.connection_epoch(message.from, message.to));
+            self.schedule(delay, Event::Deliver { message, epoch });
         }
     }
 }

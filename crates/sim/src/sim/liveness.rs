@@ -1,5 +1,6 @@
 //! The liveness phase: every fault off, then the cluster must converge
-//! within a bound counted in election timeouts.
+//! within a bound counted in election timeouts: every group, those without
+//! any client traffic too.
 
 use super::*;
 
@@ -51,12 +52,33 @@ impl Simulation {
         self.schedule(TICK_US, Event::LivenessCheck);
     }
 
-    /// Why the cluster has not converged yet; `None` once it has.
+    /// Why the cluster has not converged yet; `None` once it has: every
+    /// group, idle ones included, has converged, and every client
+    /// operation has completed.
     pub(super) fn convergence_gap(&self) -> Option<String> {
-        let Some(leader_id) = self.leader() else {
+        for group in self.group_ids() {
+            if let Some(gap) = self.group_convergence_gap(group) {
+                return Some(format!("{}{gap}", self.group_prefix(group)));
+            }
+        }
+        if let Some(c) = self.clients.iter().find(|c| c.op.is_some()) {
+            return Some(format!(
+                "client c{} has an operation in flight",
+                c.client_id
+            ));
+        }
+        None
+    }
+
+    /// Why one group has not converged yet: it needs one leader, followed
+    /// by every healthy member, with its whole log committed and applied
+    /// everywhere. A group without clients is held to the same: if its
+    /// leader crashed, it must have elected another.
+    fn group_convergence_gap(&self, group: GroupId) -> Option<String> {
+        let Some(leader_id) = self.group_leader(group) else {
             return Some("no leader".into());
         };
-        let leader = self.engine(leader_id)?;
+        let leader = self.group_engine(leader_id, group)?;
         let config = leader.config();
         if config.is_joint() {
             return Some(format!(
@@ -76,10 +98,10 @@ impl Simulation {
             if self.nodes.get(&member).is_some_and(|n| n.disk_lost) {
                 continue;
             }
-            let Some(engine) = self.engine(member) else {
+            let Some(engine) = self.group_engine(member, group) else {
                 return Some(format!("member {member} is not running"));
             };
-            let applied = self.machine(member).map_or(0, |m| m.applied());
+            let applied = self.group_machine(member, group).map_or(0, |m| m.applied());
             if member != leader_id
                 && (engine.leader() != Some(leader_id) || engine.term() != leader.term())
             {
@@ -101,19 +123,49 @@ impl Simulation {
         let other_leaders = self
             .nodes
             .values()
-            .filter_map(|n| n.engine.as_ref())
+            .filter_map(|n| n.engine(group))
             .filter(|e| e.role() == Role::Leader && e.id() != leader_id)
             .count();
         if other_leaders > 0 {
             return Some(format!("{other_leaders} other nodes still think they lead"));
         }
-        if let Some(c) = self.clients.iter().find(|c| c.op.is_some()) {
-            return Some(format!(
-                "client c{} has an operation in flight",
-                c.client_id
-            ));
-        }
         None
+    }
+
+    /// Every running replica's state, one item each, for a liveness failure.
+    fn replica_states(&self) -> Vec<String> {
+        let mut states = Vec::new();
+        for group in self.group_ids() {
+            let label = if self.config.groups > 1 {
+                format!("g{group}:")
+            } else {
+                String::new()
+            };
+            for e in self.nodes.values().filter_map(|n| n.engine(group)) {
+                states.push(format!(
+                    "{label}n{}:{:?}/t{}/leader{:?}/last{}/commit{}/applied{}/voters{:?}{}{}",
+                    e.id(),
+                    e.role(),
+                    e.term(),
+                    e.leader(),
+                    e.last_index(),
+                    e.commit_index(),
+                    e.applied_index(),
+                    e.config().voters,
+                    if e.config().voters_outgoing.is_empty() {
+                        String::new()
+                    } else {
+                        format!("+outgoing{:?}", e.config().voters_outgoing)
+                    },
+                    if e.is_receiving_snapshot() {
+                        "/receiving-snapshot"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        states
     }
 
     pub(super) fn liveness_check(&mut self) {
@@ -127,34 +179,7 @@ impl Simulation {
                 self.phase = Phase::Done;
             }
             Some(gap) if self.now_us >= deadline_us => {
-                let states: Vec<String> = self
-                    .nodes
-                    .values()
-                    .filter_map(|n| n.engine.as_ref())
-                    .map(|e| {
-                        format!(
-                            "n{}:{:?}/t{}/leader{:?}/last{}/commit{}/applied{}/voters{:?}{}{}",
-                            e.id(),
-                            e.role(),
-                            e.term(),
-                            e.leader(),
-                            e.last_index(),
-                            e.commit_index(),
-                            e.applied_index(),
-                            e.config().voters,
-                            if e.config().voters_outgoing.is_empty() {
-                                String::new()
-                            } else {
-                                format!("+outgoing{:?}", e.config().voters_outgoing)
-                            },
-                            if e.is_receiving_snapshot() {
-                                "/receiving-snapshot"
-                            } else {
-                                ""
-                            }
-                        )
-                    })
-                    .collect();
+                let states = self.replica_states();
                 self.fail(
                     FailureKind::Liveness,
                     format!(

@@ -1,5 +1,9 @@
 //! Membership changes issued during the run, and the routing of client and
-//! admin requests to nodes and of their answers back.
+//! admin requests to nodes and of their answers back. Membership is a
+//! group's: each change goes to one active group (with several, drawn from
+//! the multi-group stream), so the groups' configurations drift apart; a
+//! spare node, once started, hosts every group and may join each of them
+//! once.
 
 use super::*;
 
@@ -12,8 +16,18 @@ impl Simulation {
             .rng
             .range(1, 2 * self.config.faults.membership_interval_us);
         self.schedule(next, Event::NextMembership);
-        let Some(leader) = self.leader() else { return };
-        let Some(config) = self.engine(leader).map(|e| e.config().clone()) else {
+        // Idle groups get no requests at all, not even these: only their
+        // own engines' traffic (and, for a lost disk, its replacement).
+        let group = if self.config.groups > 1 {
+            let groups = self.config.active_group_ids();
+            self.group_rng.pick(&groups).copied().unwrap_or(GROUP)
+        } else {
+            GROUP
+        };
+        let Some(leader) = self.group_leader(group) else {
+            return;
+        };
+        let Some(config) = self.group_engine(leader, group).map(|e| e.config().clone()) else {
             return;
         };
         let spares: Vec<NodeId> = self
@@ -22,7 +36,7 @@ impl Simulation {
             .copied()
             .filter(|id| {
                 !config.contains(*id)
-                    && !self.ever_added.contains(id)
+                    && !self.ever_added.contains(&(group, *id))
                     && !self.config.voter_ids().contains(id)
                     && !self.config.replacement_ids().contains(id)
             })
@@ -32,7 +46,7 @@ impl Simulation {
         let request = match self.rng.range(0, 8) {
             0 | 1 => match self.rng.pick(&spares) {
                 Some(&spare) => {
-                    self.ever_added.push(spare);
+                    self.ever_added.insert((group, spare));
                     self.start_node(spare);
                     Request::ChangeMembership(MembershipChange::AddLearner(spare))
                 }
@@ -44,7 +58,7 @@ impl Simulation {
                 // voter's disk is damaged (regression:
                 // a_joining_voter_that_knows_no_configuration_still_votes).
                 Some(&spare) if voters.len() < 7 => {
-                    self.ever_added.push(spare);
+                    self.ever_added.insert((group, spare));
                     self.start_node(spare);
                     Request::ChangeMembership(MembershipChange::AddVoter(spare))
                 }
@@ -90,12 +104,18 @@ impl Simulation {
             .map(|n| n.id)
             .collect();
         if let Some(&target) = self.rng.pick(&started) {
-            self.log(Some(target), &format!("admin request {request:?}"));
-            self.send_request(target, request, Owner::Admin);
+            self.log_group(Some(target), group, &format!("admin request {request:?}"));
+            self.send_request(target, group, request, Owner::Admin { group });
         }
     }
 
-    pub(super) fn send_request(&mut self, node: NodeId, request: Request, owner: Owner) {
+    pub(super) fn send_request(
+        &mut self,
+        node: NodeId,
+        group: GroupId,
+        request: Request,
+        owner: Owner,
+    ) {
         let Some(n) = self.nodes.get_mut(&node) else {
             return;
         };
@@ -104,10 +124,10 @@ impl Simulation {
         if let Request::TransferLeadership(target) = request {
             let deadline =
                 self.now_us + 4 * u64::from(self.config.engine.election_timeout_ticks) * TICK_US;
-            self.transfer_target = Some((target, deadline));
+            self.transfer_target = Some((group, target, deadline));
         }
         self.owners.insert((node, id), owner);
-        self.feed(node, Input::Client { id, request });
+        self.feed(node, group, Input::Client { id, request });
     }
 
     pub(super) fn on_response(
@@ -121,9 +141,15 @@ impl Simulation {
         };
         match owner {
             Owner::Client { slot, uid } => self.client_response(slot, uid, node, result),
-            Owner::Admin => self.log(Some(node), &format!("admin response {result:?}")),
-            Owner::Probe(tag) => {
-                self.log(Some(node), &format!("probe {tag} response {result:?}"));
+            Owner::Admin { group } => {
+                self.log_group(Some(node), group, &format!("admin response {result:?}"))
+            }
+            Owner::Probe { tag, group } => {
+                self.log_group(
+                    Some(node),
+                    group,
+                    &format!("probe {tag} response {result:?}"),
+                );
                 self.probe_responses.insert(tag, result);
             }
         }

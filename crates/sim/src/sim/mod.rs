@@ -2,6 +2,13 @@
 //! a register state machine and a drifting clock, over a simulated network,
 //! driven by one seed through one event queue in simulated microseconds.
 //!
+//! Each node hosts one or more Raft groups (`SimConfig::groups`): one engine
+//! and one state machine per group, over one storage per node (one log with
+//! group commit, a snapshot store per group) and one link per ordered pair
+//! of nodes that carries every group's messages. A node's clock ticks every
+//! group, a crash or a pause stops them all, and a connection event goes to
+//! each of them.
+//!
 //! A run has a main phase (workload, faults, membership changes) and a
 //! liveness phase (every fault off, everyone reconnected, restarted and
 //! resumed), after which the cluster must have converged within a bounded
@@ -14,12 +21,12 @@ mod liveness;
 mod membership;
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::fmt::Write as _;
 
 use bytes::Bytes;
 use ferry_raft::{
-    Action, AppendResult, Entry, EntryPayload, Index, Input, MembershipChange, Message,
+    Action, AppendResult, Entry, EntryPayload, GroupId, Index, Input, MembershipChange, Message,
     MessageBody, NodeId, RaftNode, ReadConsistency, Request, RequestError, RequestId, Response,
     Role, SnapshotMeta, SnapshotOutcome, Term,
 };
@@ -32,11 +39,17 @@ use crate::net::{DropReason, Network, Partition, SendOutcome};
 use crate::real_storage::RealStorage;
 use crate::rng::SimRng;
 use crate::state_machine::{Command, CommandResult, RegisterMachine};
-use crate::storage::{DiskModel, DurableState};
+use crate::storage::{DurableState, GroupViolation, NodeDisk, SyncCoverage};
 
-/// The group id every simulated node belongs to.
+/// The first group's id: with one group per node (the default) the only
+/// one, and the group the accessors without a group argument look at.
 pub const GROUP: u64 = 1;
-/// The most inputs a paused node's inbox holds, like a socket buffer;
+/// Salts the main seed into the stream the multi-group choices are drawn
+/// from (which group an operation or a membership change goes to), so that
+/// a run with one group draws exactly what it always drew.
+const GROUP_STREAM_SALT: u64 = 0x6772_6f75_7073_0001;
+/// The most inputs a paused node's inbox holds (all groups together), like
+/// a socket buffer;
 /// messages beyond it are dropped (completions are always kept: they are
 /// bounded by in-flight I/O).
 pub const INBOX_MAX: usize = 256;
@@ -67,19 +80,27 @@ enum Event {
         node: NodeId,
         incarnation: u64,
     },
-    Deliver(Message),
+    /// A message, with the epoch of the connection it was sent on (see
+    /// [`Simulation::connection_epoch`]).
+    Deliver {
+        message: Message,
+        epoch: u64,
+    },
     SyncDone {
         node: NodeId,
         incarnation: u64,
-        seq: u64,
+        /// The seq each group's writes reach in this sync.
+        covered: SyncCoverage,
     },
     FalsePersisted {
         node: NodeId,
+        group: GroupId,
         incarnation: u64,
         seq: u64,
     },
     ChunkLoaded {
         node: NodeId,
+        group: GroupId,
         incarnation: u64,
         to: NodeId,
         snapshot_index: Index,
@@ -88,6 +109,7 @@ enum Event {
     },
     ChunkSaved {
         node: NodeId,
+        group: GroupId,
         incarnation: u64,
         meta: SnapshotMeta,
         offset: u64,
@@ -96,6 +118,7 @@ enum Event {
     },
     LocalSnapshot {
         node: NodeId,
+        group: GroupId,
         incarnation: u64,
         meta: SnapshotMeta,
         data: Bytes,
@@ -161,42 +184,89 @@ impl Ord for Scheduled {
     }
 }
 
-/// The runtime of one simulated node.
-struct SimNode {
-    id: NodeId,
-    /// Whether the node exists yet (spares start when added).
-    started: bool,
+/// One group's replica on a simulated node: its engine, its state machine
+/// and what the checks remember of it.
+struct Replica {
     engine: Option<RaftNode>,
-    incarnation: u64,
-    disk: DiskModel,
     machine: RegisterMachine,
-    paused: bool,
-    inbox: VecDeque<Input>,
-    tick_period_us: u64,
     removed: bool,
-    next_request_id: u64,
     last_commit: Index,
     last_applied: Index,
     last_role: Option<(Role, Term)>,
     snapshot_in_progress: bool,
-    /// The real storage on a simulated disk, in real-storage runs.
-    real: Option<RealStorage>,
-    /// The node's state before it ever wrote anything.
+    /// The group's state on this node before it ever wrote anything.
     initial: DurableState,
-    /// Its storage was found corrupt: it must never run on it again.
-    disk_lost: bool,
-    /// A sector was damaged since the storage last opened.
-    corrupted_since_open: bool,
-    /// What the node had synced and what it had written when it stopped,
-    /// to check what the real storage brings back.
-    restart_check: Option<crate::real_storage::Acknowledged>,
     /// A snapshot being saved on the real storage, not yet reported done.
     snapshot_attempt: Option<(SnapshotMeta, Bytes)>,
 }
 
+impl Replica {
+    fn new(initial: DurableState) -> Self {
+        Replica {
+            engine: None,
+            machine: RegisterMachine::default(),
+            removed: false,
+            last_commit: 0,
+            last_applied: 0,
+            last_role: None,
+            snapshot_in_progress: false,
+            initial,
+            snapshot_attempt: None,
+        }
+    }
+}
+
+/// The runtime of one simulated node: what its groups share (clock,
+/// storage, process state, inbox) and a replica per group.
+struct SimNode {
+    id: NodeId,
+    /// Whether the node exists yet (spares start when added).
+    started: bool,
+    incarnation: u64,
+    /// The node's storage model: one log for all its groups.
+    disk: NodeDisk,
+    paused: bool,
+    /// Inputs that arrived while paused, with the group each is for.
+    inbox: VecDeque<(GroupId, Input)>,
+    tick_period_us: u64,
+    /// Request ids are unique per node, over all its groups.
+    next_request_id: u64,
+    /// The real storage on a simulated disk, in real-storage runs.
+    real: Option<RealStorage>,
+    /// Its storage was found corrupt: it must never run on it again.
+    disk_lost: bool,
+    /// A sector was damaged since the storage last opened.
+    corrupted_since_open: bool,
+    /// What each group had synced and written when the node stopped, to
+    /// check what the real storage brings back.
+    restart_check: Option<BTreeMap<GroupId, crate::real_storage::Acknowledged>>,
+    /// One replica per hosted group, group g at index g - 1 (groups are
+    /// 1..=N; a vector keeps the per-message lookups cheap).
+    replicas: Vec<Replica>,
+}
+
 impl SimNode {
     fn running(&self) -> bool {
-        self.engine.is_some()
+        self.replicas.iter().any(|r| r.engine.is_some())
+    }
+
+    fn replica(&self, group: GroupId) -> Option<&Replica> {
+        self.replicas.get(group_index(group)?)
+    }
+
+    fn replica_mut(&mut self, group: GroupId) -> Option<&mut Replica> {
+        self.replicas.get_mut(group_index(group)?)
+    }
+
+    fn engine(&self, group: GroupId) -> Option<&RaftNode> {
+        self.replica(group).and_then(|r| r.engine.as_ref())
+    }
+
+    fn initial_states(&self) -> BTreeMap<GroupId, DurableState> {
+        (1..)
+            .zip(&self.replicas)
+            .map(|(group, r)| (group, r.initial.clone()))
+            .collect()
     }
 }
 
@@ -220,6 +290,8 @@ struct ClientOp {
     /// it (op_seq restarts when a retired client's slot gets a new client).
     uid: u64,
     op_seq: u64,
+    /// The group the operation goes to (its registers are the group's own).
+    group: GroupId,
     key: u64,
     kind: OpKind,
     /// A read asked of the leader's lease rather than by ReadIndex.
@@ -239,8 +311,8 @@ struct ClientSlot {
 #[derive(Clone, Copy, Debug)]
 enum Owner {
     Client { slot: usize, uid: u64 },
-    Admin,
-    Probe(u64),
+    Admin { group: GroupId },
+    Probe { tag: u64, group: GroupId },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,8 +333,10 @@ pub struct SeedReport {
     pub failure: Option<Failure>,
     /// What it exercised.
     pub coverage: Coverage,
-    /// The client history.
-    pub history: History,
+    /// The groups each node hosted.
+    pub groups: usize,
+    /// The client history of each group, in group order (index 0: group 1).
+    pub histories: Vec<History>,
     /// The simulated time the run ended at.
     pub end_us: u64,
     /// The trace, when recorded.
@@ -273,9 +347,11 @@ pub struct SeedReport {
     pub election_timeout_us: u64,
     /// Whether the run had quiescence on.
     pub quiesce: bool,
-    /// Quiesce notices the leaders sent (how often a group went quiet).
+    /// Quiesce notices the leaders sent (how often a group went quiet),
+    /// summed over the groups.
     pub quiesce_notices: u64,
-    /// Wake-ups the followers sent to quiescent (or awake) leaders.
+    /// Wake-ups the followers sent to quiescent (or awake) leaders, summed
+    /// over the groups.
     pub wake_ups: u64,
 }
 
@@ -290,21 +366,34 @@ pub struct Simulation {
     all_ids: Vec<NodeId>,
     net: Network,
     partition_generation: u64,
-    checker: SafetyChecker,
+    /// Each pair of nodes' connection epoch (see
+    /// [`Simulation::connection_epoch`]).
+    connection_epochs: Vec<u64>,
+    /// The connection epoch of each message a clogged link holds, in the
+    /// link's order.
+    held_epochs: BTreeMap<(NodeId, NodeId), Vec<u64>>,
+    /// The Raft safety record of each group (group g at index g - 1).
+    checkers: Vec<SafetyChecker>,
     coverage: Coverage,
-    history: History,
+    /// The client history of each group.
+    histories: BTreeMap<GroupId, History>,
+    /// Where the choices only several groups need are drawn from.
+    group_rng: SimRng,
     clients: Vec<ClientSlot>,
     next_client_id: u64,
     next_value: u64,
     next_op_uid: u64,
-    /// The last value a client saw in each register (CAS uses it so that
-    /// some swaps succeed).
-    last_values: BTreeMap<u64, u64>,
+    /// The last value a client saw in each register of each group (CAS
+    /// uses it so that some swaps succeed).
+    last_values: BTreeMap<(GroupId, u64), u64>,
     owners: BTreeMap<(NodeId, RequestId), Owner>,
     probe_responses: BTreeMap<u64, Result<Response, RequestError>>,
     next_probe: u64,
-    ever_added: Vec<NodeId>,
-    transfer_target: Option<(NodeId, u64)>,
+    /// The nodes ever added to (or started for) each group: a spare joins
+    /// a group at most once.
+    ever_added: BTreeSet<(GroupId, NodeId)>,
+    /// A leadership transfer asked for: (group, target, deadline).
+    transfer_target: Option<(GroupId, NodeId, u64)>,
     failure: Option<Failure>,
     trace: Option<String>,
     phase: Phase,
@@ -315,9 +404,15 @@ pub struct Simulation {
     repair: Option<disk::Repair>,
     /// Faults the engines reported, when a scenario made a node faulty on
     /// purpose (see `restore_stale_disk`); otherwise any fault fails the run.
-    faults_seen: Option<Vec<(NodeId, ferry_raft::Fault)>>,
-    /// Quiesce notices and wake-ups sent (counted, not coverage counters,
-    /// so that a run with quiescence off reports exactly what it did before).
+    faults_seen: Option<Vec<(NodeId, GroupId, ferry_raft::Fault)>>,
+    /// Messages handed to each (from, to, group)'s engine, for tests of the
+    /// shared links.
+    /// Indexed by [`Simulation::delivered_slot`]; counted on every
+    /// delivery, so a flat vector rather than a map.
+    delivered: Vec<u64>,
+    /// Quiesce notices and wake-ups sent, every group's together (counted,
+    /// not coverage counters, so that a run with quiescence off reports
+    /// exactly what it did before).
     quiesce_notices: u64,
     wake_ups: u64,
 }
@@ -426,11 +521,54 @@ pub fn describe_body(body: &MessageBody) -> String {
     }
 }
 
+/// A node (and, with several groups, its group) as failure details name
+/// it: "node 3" or "node 3 (group 2)". Formatted only when a detail is.
+#[derive(Clone, Copy, Debug)]
+struct Who {
+    id: NodeId,
+    group: Option<GroupId>,
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.group {
+            Some(group) => write!(f, "node {} (group {group})", self.id),
+            None => write!(f, "node {}", self.id),
+        }
+    }
+}
+
+/// Where group `group` sits in the per-group vectors (groups are 1..=N).
+fn group_index(group: GroupId) -> Option<usize> {
+    usize::try_from(group).ok()?.checked_sub(1)
+}
+
+/// The engine seed of one group's replica on a node: the node's seed for
+/// group 1 (as with one group), mixed with the group id for the others.
+fn group_seed(node_seed: u64, group: GroupId) -> u64 {
+    node_seed ^ group.saturating_sub(1).wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
 fn op_label(kind: OpKind) -> String {
     match kind {
         OpKind::Read => "read".to_string(),
         OpKind::Write(v) => format!("write {v}"),
         OpKind::Cas { from, to } => format!("cas {from}->{to}"),
+    }
+}
+
+impl SeedReport {
+    /// The client operations of every group.
+    pub fn operations(&self) -> usize {
+        self.histories.iter().map(|h| h.operations.len()).sum()
+    }
+
+    /// The client history of group 1 (the only one with one group per node).
+    pub fn history(&self) -> &History {
+        static EMPTY: History = History {
+            operations: Vec::new(),
+        };
+        self.histories.first().unwrap_or(&EMPTY)
     }
 }
 
@@ -440,11 +578,14 @@ impl Simulation {
     /// for random runs, the workload, faults and the liveness phase.
     pub fn new(config: SimConfig) -> Self {
         let mut rng = SimRng::new(config.seed);
+        let group_rng = SimRng::new(config.seed ^ GROUP_STREAM_SALT);
         let all_ids = config.all_ids();
         let voters = config.voter_ids();
+        let groups = config.group_ids();
         let mut nodes = BTreeMap::new();
         for &id in &all_ids {
             let founding = voters.contains(&id);
+            // Every group is founded by the same voters.
             let initial = if founding {
                 let restored = ferry_raft::RestoredState::bootstrap(voters.iter().copied());
                 DurableState {
@@ -457,36 +598,31 @@ impl Simulation {
             let tick_period_us = Self::drifted_period(&mut rng, config.faults.drift_percent_max);
             let real = config.disk.real.then(|| {
                 RealStorage::new(
-                    GROUP,
                     disk::disk_seed(config.seed, id),
                     config.disk.sync_ticks_min,
                     config.disk.sync_ticks_max,
                 )
             });
+            let replicas: Vec<Replica> = groups
+                .iter()
+                .map(|_| Replica::new(initial.clone()))
+                .collect();
             nodes.insert(
                 id,
                 SimNode {
                     id,
                     started: false,
-                    engine: None,
                     incarnation: 0,
-                    disk: DiskModel::new(initial.clone()),
-                    machine: RegisterMachine::default(),
+                    disk: NodeDisk::new(groups.iter().map(|&g| (g, initial.clone()))),
                     paused: false,
                     inbox: VecDeque::new(),
                     tick_period_us,
-                    removed: false,
                     next_request_id: 1,
-                    last_commit: 0,
-                    last_applied: 0,
-                    last_role: None,
-                    snapshot_in_progress: false,
                     real,
-                    initial,
                     disk_lost: false,
                     corrupted_since_open: false,
                     restart_check: None,
-                    snapshot_attempt: None,
+                    replicas,
                 },
             );
         }
@@ -510,9 +646,12 @@ impl Simulation {
             all_ids,
             net,
             partition_generation: 0,
-            checker: SafetyChecker::default(),
+            connection_epochs: Vec::new(),
+            held_epochs: BTreeMap::new(),
+            checkers: groups.iter().map(|_| SafetyChecker::default()).collect(),
             coverage: Coverage::default(),
-            history: History::default(),
+            histories: groups.iter().map(|&g| (g, History::default())).collect(),
+            group_rng,
             clients,
             next_value: 1,
             next_op_uid: 1,
@@ -520,7 +659,7 @@ impl Simulation {
             owners: BTreeMap::new(),
             probe_responses: BTreeMap::new(),
             next_probe: 1,
-            ever_added: Vec::new(),
+            ever_added: BTreeSet::new(),
             transfer_target: None,
             failure: None,
             phase: Phase::Main,
@@ -530,9 +669,12 @@ impl Simulation {
             converged_after_us: None,
             repair: None,
             faults_seen: None,
+            delivered: Vec::new(),
             quiesce_notices: 0,
             wake_ups: 0,
         };
+        sim.delivered = vec![0; sim.all_ids.len().pow(2) * sim.config.groups.max(1)];
+        sim.connection_epochs = vec![0; sim.all_ids.len().pow(2)];
         if sim.config.disk.real {
             sim.coverage.hit(Counter::RealStorageRun);
         }
@@ -586,8 +728,17 @@ impl Simulation {
                 "the event queue ran dry before the cluster converged".into(),
             );
         }
-        if self.failure.is_none() {
-            if let Err(detail) = check_linearizable(&self.history) {
+        let groups: Vec<GroupId> = self.histories.keys().copied().collect();
+        for group in groups {
+            if self.failure.is_some() {
+                break;
+            }
+            let verdict = match self.histories.get(&group) {
+                Some(history) => check_linearizable(history),
+                None => Ok(()),
+            };
+            if let Err(detail) = verdict {
+                let detail = format!("{}{detail}", self.group_prefix(group));
                 self.fail(FailureKind::Linearizability, detail);
             }
         }
@@ -600,7 +751,8 @@ impl Simulation {
             voters: self.config.voters,
             failure: self.failure,
             coverage: self.coverage,
-            history: self.history,
+            groups: self.config.groups,
+            histories: self.histories.into_values().collect(),
             end_us: self.now_us,
             trace: self.trace,
             converged_after_us: self.converged_after_us,
@@ -648,24 +800,56 @@ impl Simulation {
         &self.config
     }
 
-    /// The engine of a running node.
+    /// The groups every node hosts, in order.
+    pub fn groups(&self) -> Vec<GroupId> {
+        self.config.group_ids()
+    }
+
+    /// Group 1's engine on a running node.
     pub fn engine(&self, id: NodeId) -> Option<&RaftNode> {
-        self.nodes.get(&id).and_then(|n| n.engine.as_ref())
+        self.group_engine(id, GROUP)
     }
 
-    /// The state machine of a node.
+    /// A group's engine on a running node.
+    pub fn group_engine(&self, id: NodeId, group: GroupId) -> Option<&RaftNode> {
+        self.nodes.get(&id).and_then(|n| n.engine(group))
+    }
+
+    /// Group 1's state machine on a node.
     pub fn machine(&self, id: NodeId) -> Option<&RegisterMachine> {
-        self.nodes.get(&id).map(|n| &n.machine)
+        self.group_machine(id, GROUP)
     }
 
-    /// The running leader with the highest term.
+    /// A group's state machine on a node.
+    pub fn group_machine(&self, id: NodeId, group: GroupId) -> Option<&RegisterMachine> {
+        self.nodes
+            .get(&id)
+            .and_then(|n| n.replica(group))
+            .map(|r| &r.machine)
+    }
+
+    /// Group 1's running leader with the highest term.
     pub fn leader(&self) -> Option<NodeId> {
+        self.group_leader(GROUP)
+    }
+
+    /// A group's running leader with the highest term.
+    pub fn group_leader(&self, group: GroupId) -> Option<NodeId> {
         self.nodes
             .values()
-            .filter_map(|n| n.engine.as_ref())
+            .filter_map(|n| n.engine(group))
             .filter(|e| e.role() == Role::Leader)
             .max_by_key(|e| e.term())
             .map(|e| e.id())
+    }
+
+    /// How many messages of `group` sent by `from` were handed to `to`'s
+    /// engine (or its paused inbox) so far.
+    pub fn delivered_messages(&self, from: NodeId, to: NodeId, group: GroupId) -> u64 {
+        self.delivered_slot(from, to, group)
+            .and_then(|slot| self.delivered.get(slot))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The first failure, if any.
@@ -683,9 +867,17 @@ impl Simulation {
         self.coverage.hit(counter);
     }
 
-    /// The client history so far.
+    /// Group 1's client history so far.
     pub fn history(&self) -> &History {
-        &self.history
+        self.group_history(GROUP)
+    }
+
+    /// A group's client history so far.
+    pub fn group_history(&self, group: GroupId) -> &History {
+        static EMPTY: History = History {
+            operations: Vec::new(),
+        };
+        self.histories.get(&group).unwrap_or(&EMPTY)
     }
 
     /// The trace so far, when recording.
@@ -719,6 +911,18 @@ impl Simulation {
         self.apply_partition(partition);
     }
 
+    /// Clogs the link from `from` to `to` now: it holds every message, of
+    /// every group, until [`Simulation::unclog_link`].
+    pub fn clog_link(&mut self, from: NodeId, to: NodeId) {
+        self.net.clog(from, to);
+        self.log(None, &format!("clog n{from}->n{to}"));
+    }
+
+    /// Releases a clogged link and what it held.
+    pub fn unclog_link(&mut self, from: NodeId, to: NodeId) {
+        self.unclog(from, to);
+    }
+
     /// Sets the connection-setup window (messages sent on a link while it
     /// sets up are lost) to exactly `window_us`.
     pub fn set_connect_window_us(&mut self, window_us: u64) {
@@ -726,10 +930,11 @@ impl Simulation {
         self.config.connect_window_max_us = window_us;
     }
 
-    /// Starts a spare node with an empty disk (before adding it as a learner).
+    /// Starts a spare node with an empty disk (before adding it as a
+    /// learner, to any of its groups).
     pub fn start_spare(&mut self, id: NodeId) {
-        if !self.ever_added.contains(&id) {
-            self.ever_added.push(id);
+        for group in self.config.group_ids() {
+            self.ever_added.insert((group, id));
         }
         self.start_node(id);
     }
@@ -755,12 +960,18 @@ impl Simulation {
         }
     }
 
-    /// Submits a request to `node` as a scenario; returns a tag to look the
-    /// answer up with [`Simulation::probe_response`].
+    /// Submits a request to group 1 on `node` as a scenario; returns a tag
+    /// to look the answer up with [`Simulation::probe_response`].
     pub fn submit(&mut self, node: NodeId, request: Request) -> u64 {
+        self.submit_to(node, GROUP, request)
+    }
+
+    /// Submits a request to `group` on `node` as a scenario; returns a tag
+    /// to look the answer up with [`Simulation::probe_response`].
+    pub fn submit_to(&mut self, node: NodeId, group: GroupId, request: Request) -> u64 {
         let tag = self.next_probe;
         self.next_probe += 1;
-        self.send_request(node, request, Owner::Probe(tag));
+        self.send_request(node, group, request, Owner::Probe { tag, group });
         tag
     }
 
@@ -813,6 +1024,122 @@ impl Simulation {
         }
     }
 
+    /// Logs an event of one group: with several groups per node the line
+    /// names the group after the node (`n2 g3 ...`); with one it reads as
+    /// it always did.
+    fn log_group(&mut self, node: Option<NodeId>, group: GroupId, text: &str) {
+        if self.trace.is_none() {
+            return;
+        }
+        if self.config.groups > 1 {
+            self.log(node, &format!("g{group} {text}"));
+        } else {
+            self.log(node, text);
+        }
+    }
+
+    /// What a failure detail about one group starts with: its name when
+    /// there are several groups, nothing otherwise.
+    fn group_prefix(&self, group: GroupId) -> String {
+        if self.config.groups > 1 {
+            format!("group {group}: ")
+        } else {
+            String::new()
+        }
+    }
+
+    /// "node 3" for a one-group run, "node 3 (group 2)" otherwise.
+    fn who(&self, id: NodeId, group: GroupId) -> Who {
+        Who {
+            id,
+            group: (self.config.groups > 1).then_some(group),
+        }
+    }
+
+    fn checker(&mut self, group: GroupId) -> &mut SafetyChecker {
+        let index = group_index(group).unwrap_or(0);
+        if self.checkers.len() <= index {
+            self.checkers.resize_with(index + 1, SafetyChecker::default);
+        }
+        &mut self.checkers[index]
+    }
+
+    /// Where the delivery count of (from, to, group) is kept, if the ids
+    /// are the run's.
+    fn delivered_slot(&self, from: NodeId, to: NodeId, group: GroupId) -> Option<usize> {
+        let nodes = self.all_ids.len();
+        let groups = self.config.groups.max(1);
+        let (from, to, group) = (
+            usize::try_from(from).ok()?.checked_sub(1)?,
+            usize::try_from(to).ok()?.checked_sub(1)?,
+            group_index(group)?,
+        );
+        (from < nodes && to < nodes && group < groups)
+            .then_some((from * nodes + to) * groups + group)
+    }
+
+    fn connection_slot(&self, a: NodeId, b: NodeId) -> Option<usize> {
+        let nodes = self.all_ids.len();
+        let (low, high) = (a.min(b), a.max(b));
+        let (low, high) = (
+            usize::try_from(low).ok()?.checked_sub(1)?,
+            usize::try_from(high).ok()?.checked_sub(1)?,
+        );
+        (high < nodes).then_some(low * nodes + high)
+    }
+
+    /// The epoch of the connection between `a` and `b`: it goes up each
+    /// time the runtime reports the connection broken
+    /// ([`Input::PeerDisconnected`], on a crash or a cut both ways). A
+    /// message belongs to the connection it was sent on; a real transport
+    /// delivers a connection's messages before it reports the connection
+    /// gone, or loses them, never after (a message heard from a peer after
+    /// that comes on a new connection, which is reported first).
+    fn connection_epoch(&self, a: NodeId, b: NodeId) -> u64 {
+        self.connection_slot(a, b)
+            .and_then(|slot| self.connection_epochs.get(slot))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The runtime reports the connection between `a` and `b` broken: what
+    /// is still in flight on it will not arrive.
+    fn connection_broke(&mut self, a: NodeId, b: NodeId) {
+        if let Some(epoch) = self
+            .connection_slot(a, b)
+            .and_then(|slot| self.connection_epochs.get_mut(slot))
+        {
+            *epoch += 1;
+        }
+    }
+
+    /// Whether a message sent on connection epoch `epoch` from `from` to
+    /// `to` is lost because that connection broke since. Only with
+    /// quiescence on, where the engine relies on the order (a quiesce
+    /// notice delivered after its leader was reported gone would silence
+    /// the follower for good); with it off the engine only probes on the
+    /// report, and a run stays draw for draw what it always was.
+    fn sent_on_broken_connection(&self, from: NodeId, to: NodeId, epoch: u64) -> bool {
+        self.config.engine.quiesce && epoch != self.connection_epoch(from, to)
+    }
+
+    /// Schedules the delivery of `message`, sent now, after `delay`.
+    fn schedule_delivery(&mut self, delay: u64, message: Message) {
+        let epoch = self.connection_epoch(message.from, message.to);
+        self.schedule(delay, Event::Deliver { message, epoch });
+    }
+
+    /// The groups every node hosts (ids 1..=groups), without allocating:
+    /// the clock and the connection events walk them on every tick.
+    fn group_ids(&self) -> std::ops::RangeInclusive<GroupId> {
+        1..=self.config.groups.max(1) as GroupId
+    }
+
+    fn storage_violation(&mut self, id: NodeId, (group, violation): GroupViolation) {
+        let who = self.who(id, group);
+        self.fail(FailureKind::Durability, format!("{who}: {violation}"));
+    }
+
     // ----- nodes -----
 
     fn node_seed(&self, id: NodeId, incarnation: u64) -> u64 {
@@ -823,7 +1150,8 @@ impl Simulation {
             .wrapping_add(incarnation.wrapping_mul(0x51_7cc1_b727_220a))
     }
 
-    /// Starts (or restarts) a node from what its disk holds.
+    /// Starts (or restarts) a node from what its disk holds: every group it
+    /// hosts, each from its part of the storage.
     fn start_node(&mut self, id: NodeId) {
         let Some(node) = self.nodes.get(&id) else {
             return;
@@ -842,61 +1170,75 @@ impl Simulation {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
-        let synced = node.disk.synced().clone();
-        let restored = synced.restored_state();
-        let machine = if synced.snapshot.index == 0 {
-            Ok(RegisterMachine::new(synced.snapshot.config.clone()))
-        } else {
-            RegisterMachine::from_snapshot(
-                &synced.snapshot_data,
-                synced.snapshot.index,
-                synced.snapshot.term,
-                synced.snapshot.config.clone(),
-            )
+        let mut started = Vec::new();
+        for group in node.disk.group_ids() {
+            let Some(synced) = node.disk.group(group).map(|d| d.synced().clone()) else {
+                continue;
+            };
+            let restored = synced.restored_state();
+            let machine = if synced.snapshot.index == 0 {
+                Ok(RegisterMachine::new(synced.snapshot.config.clone()))
+            } else {
+                RegisterMachine::from_snapshot(
+                    &synced.snapshot_data,
+                    synced.snapshot.index,
+                    synced.snapshot.term,
+                    synced.snapshot.config.clone(),
+                )
+            };
+            let machine = match machine {
+                Ok(m) => m,
+                Err(e) => {
+                    let who = self.who(id, group);
+                    self.fail(
+                        FailureKind::Durability,
+                        format!("{who}: durable snapshot unreadable: {e}"),
+                    );
+                    return;
+                }
+            };
+            let options = self.config.engine.options(id, group);
+            let engine = match RaftNode::new(options, restored, group_seed(seed, group)) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    let who = self.who(id, group);
+                    self.fail(
+                        FailureKind::Contract,
+                        format!("{who} could not restart from its synced state: {e}"),
+                    );
+                    return;
+                }
+            };
+            started.push((group, engine, machine));
+        }
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
         };
-        let machine = match machine {
-            Ok(m) => m,
-            Err(e) => {
-                self.fail(
-                    FailureKind::Durability,
-                    format!("node {id}: durable snapshot unreadable: {e}"),
-                );
-                return;
+        node.started = true;
+        node.incarnation = incarnation;
+        node.paused = false;
+        node.inbox.clear();
+        let period = node.tick_period_us;
+        let mut logs = Vec::new();
+        for (group, engine, machine) in started {
+            let (commit, applied) = (engine.commit_index(), engine.applied_index());
+            logs.push((group, commit, applied));
+            if let Some(replica) = node.replica_mut(group) {
+                replica.engine = Some(engine);
+                replica.machine = machine;
+                replica.last_commit = commit;
+                replica.last_applied = applied;
+                replica.last_role = None;
+                replica.snapshot_in_progress = false;
             }
-        };
-        let options = self.config.engine.options(id, GROUP);
-        let engine = match RaftNode::new(options, restored, seed) {
-            Ok(engine) => engine,
-            Err(e) => {
-                self.fail(
-                    FailureKind::Contract,
-                    format!("node {id} could not restart from its synced state: {e}"),
-                );
-                return;
-            }
-        };
-        let commit = engine.commit_index();
-        let applied = engine.applied_index();
-        let period = match self.nodes.get_mut(&id) {
-            Some(node) => {
-                node.started = true;
-                node.incarnation = incarnation;
-                node.engine = Some(engine);
-                node.machine = machine;
-                node.paused = false;
-                node.inbox.clear();
-                node.last_commit = commit;
-                node.last_applied = applied;
-                node.last_role = None;
-                node.snapshot_in_progress = false;
-                node.tick_period_us
-            }
-            None => return,
-        };
-        self.log(
-            Some(id),
-            &format!("start incarnation={incarnation} commit={commit} applied={applied}"),
-        );
+        }
+        for (group, commit, applied) in logs {
+            self.log_group(
+                Some(id),
+                group,
+                &format!("start incarnation={incarnation} commit={commit} applied={applied}"),
+            );
+        }
         let first_tick = self.rng.range(1, period + 1);
         self.schedule(
             first_tick,
@@ -951,27 +1293,42 @@ impl Simulation {
         );
     }
 
-    /// Hands an input to a node: at once if it runs, into its inbox if it
-    /// is paused, nowhere if it is down.
-    fn feed(&mut self, id: NodeId, input: Input) {
+    /// Hands an input to one group on a node: at once if it runs, into its
+    /// inbox if it is paused, nowhere if it is down.
+    fn feed(&mut self, id: NodeId, group: GroupId, input: Input) {
+        let delivered_slot = match &input {
+            Input::Message(message) => self.delivered_slot(message.from, id, group),
+            _ => None,
+        };
         let Some(node) = self.nodes.get_mut(&id) else {
             return;
         };
-        if !node.running() {
+        if !node.running() || node.replica(group).is_none() {
             return;
+        }
+        if let Some(count) = delivered_slot.and_then(|slot| self.delivered.get_mut(slot)) {
+            *count += 1;
         }
         if node.paused {
             if node.inbox.len() >= INBOX_MAX && matches!(input, Input::Message(_)) {
                 self.coverage.hit(Counter::InboxOverflow);
                 return;
             }
-            node.inbox.push_back(input);
+            node.inbox.push_back((group, input));
             return;
         }
-        self.step(id, input);
+        self.step(id, group, input);
     }
 
-    fn step(&mut self, id: NodeId, input: Input) {
+    /// Hands an input to every group on a node (a connection event: the
+    /// link is the node's, shared by all its groups).
+    fn feed_all(&mut self, id: NodeId, input: Input) {
+        for group in self.group_ids() {
+            self.feed(id, group, input.clone());
+        }
+    }
+
+    fn step(&mut self, id: NodeId, group: GroupId, input: Input) {
         if self.failure.is_some() {
             return;
         }
@@ -984,16 +1341,24 @@ impl Simulation {
                     message.term,
                     describe_body(&message.body)
                 );
-                self.log(Some(id), &text);
+                self.log_group(Some(id), group, &text);
             }
         }
         if let Input::Client { .. } = &input {
-            if self.engine(id).is_some_and(|e| e.is_receiving_snapshot()) {
+            if self
+                .group_engine(id, group)
+                .is_some_and(|e| e.is_receiving_snapshot())
+            {
                 self.coverage.hit(Counter::RequestWhileReceivingSnapshot);
             }
         }
         let mut actions = Vec::new();
-        match self.nodes.get_mut(&id).and_then(|n| n.engine.as_mut()) {
+        match self
+            .nodes
+            .get_mut(&id)
+            .and_then(|n| n.replica_mut(group))
+            .and_then(|r| r.engine.as_mut())
+        {
             Some(engine) => engine.step(input, &mut actions),
             None => return,
         }
@@ -1004,16 +1369,16 @@ impl Simulation {
             {
                 return;
             }
-            self.carry_out(id, action);
+            self.carry_out(id, group, action);
         }
-        self.check_node(id);
+        self.check_node(id, group);
     }
 
-    fn check_node(&mut self, id: NodeId) {
-        let Some(node) = self.nodes.get(&id) else {
+    fn check_node(&mut self, id: NodeId, group: GroupId) {
+        let Some(replica) = self.nodes.get(&id).and_then(|n| n.replica(group)) else {
             return;
         };
-        let Some(engine) = node.engine.as_ref() else {
+        let Some(engine) = replica.engine.as_ref() else {
             return;
         };
         let (role, term, commit, applied) = (
@@ -1022,34 +1387,35 @@ impl Simulation {
             engine.commit_index(),
             engine.applied_index(),
         );
+        let (last_commit, last_applied) = (replica.last_commit, replica.last_applied);
+        let who = self.who(id, group);
+        let index = group_index(group).unwrap_or(0);
+        if self.checkers.len() <= index {
+            self.checkers.resize_with(index + 1, SafetyChecker::default);
+        }
+        let checker = &mut self.checkers[index];
         let mut problem = None;
         if role == Role::Leader {
-            if let Err(v) = self.checker.observe_leader(term, id) {
+            if let Err(v) = checker.observe_leader(term, id) {
                 problem = Some((FailureKind::Safety, v));
             }
         }
-        if commit < node.last_commit {
+        if commit < last_commit {
             problem = Some((
                 FailureKind::Safety,
-                format!(
-                    "node {id}: commit index went back from {} to {commit}",
-                    node.last_commit
-                ),
+                format!("{who}: commit index went back from {last_commit} to {commit}"),
             ));
         }
-        if applied < node.last_applied {
+        if applied < last_applied {
             problem = Some((
                 FailureKind::Safety,
-                format!(
-                    "node {id}: applied index went back from {} to {applied}",
-                    node.last_applied
-                ),
+                format!("{who}: applied index went back from {last_applied} to {applied}"),
             ));
         }
-        if problem.is_none() && commit > node.last_commit {
-            for index in node.last_commit + 1..=commit {
+        if problem.is_none() && commit > last_commit {
+            for index in last_commit + 1..=commit {
                 if let Some(entry) = engine.entry(index) {
-                    if let Err(v) = self.checker.observe_committed(id, term, entry) {
+                    if let Err(v) = checker.observe_committed(id, term, entry) {
                         problem = Some((FailureKind::Safety, v));
                         break;
                     }
@@ -1057,39 +1423,41 @@ impl Simulation {
             }
         }
         if let Some((kind, detail)) = problem {
+            let detail = format!("{}{detail}", self.group_prefix(group));
             self.fail(kind, detail);
             return;
         }
-        if let Some(node) = self.nodes.get_mut(&id) {
-            node.last_commit = commit;
-            node.last_applied = applied;
+        if let Some(replica) = self.nodes.get_mut(&id).and_then(|n| n.replica_mut(group)) {
+            replica.last_commit = commit;
+            replica.last_applied = applied;
         }
     }
 
     // ----- actions -----
 
-    fn carry_out(&mut self, id: NodeId, action: Action) {
+    fn carry_out(&mut self, id: NodeId, group: GroupId, action: Action) {
         match action {
             Action::Persist(request) => {
                 let seq = request.seq;
                 if let Some(entries) = (!request.entries.is_empty()).then_some(&request.entries) {
-                    if let Err(v) = self.checker.observe_entries(id, None, entries) {
-                        self.fail(FailureKind::Safety, v);
+                    if let Err(v) = self.checker(group).observe_entries(id, None, entries) {
+                        let detail = format!("{}{v}", self.group_prefix(group));
+                        self.fail(FailureKind::Safety, detail);
                         return;
                     }
                 }
                 if let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) {
-                    if let Err(e) = real.append(&request) {
+                    if let Err(e) = real.append(group, &request) {
                         self.storage_failed(id, e);
                         return;
                     }
                 }
                 let result = match self.nodes.get_mut(&id) {
-                    Some(node) => node.disk.write(request),
+                    Some(node) => node.disk.write(group, request),
                     None => return,
                 };
                 if let Err(v) = result {
-                    self.fail(FailureKind::Durability, format!("node {id}: {v}"));
+                    self.storage_violation(id, (group, v));
                     return;
                 }
                 if self.config.sabotage == Sabotage::PersistedBeforeSync {
@@ -1098,6 +1466,7 @@ impl Simulation {
                         0,
                         Event::FalsePersisted {
                             node: id,
+                            group,
                             incarnation,
                             seq,
                         },
@@ -1105,8 +1474,8 @@ impl Simulation {
                 }
                 self.maybe_start_sync(id);
             }
-            Action::Send(message) => self.send_message(id, message),
-            Action::Apply(entries) => self.apply_entries(id, entries),
+            Action::Send(message) => self.send_message(id, group, message),
+            Action::Apply(entries) => self.apply_entries(id, group, entries),
             Action::Respond {
                 id: request,
                 result,
@@ -1123,6 +1492,7 @@ impl Simulation {
                     delay,
                     Event::ChunkLoaded {
                         node: id,
+                        group,
                         incarnation,
                         to,
                         snapshot_index,
@@ -1137,11 +1507,15 @@ impl Simulation {
                 data,
                 done,
             } => {
-                let ok = match self.nodes.get_mut(&id) {
-                    Some(node) => node.disk.save_chunk(&meta, offset, &data),
+                let ok = match self
+                    .nodes
+                    .get_mut(&id)
+                    .and_then(|n| n.disk.group_mut(group))
+                {
+                    Some(disk) => disk.save_chunk(&meta, offset, &data),
                     None => return,
                 };
-                let ok = ok && self.real_save_chunk(id, &meta, offset, &data);
+                let ok = ok && self.real_save_chunk(id, group, &meta, offset, &data);
                 if !self.is_running(id) {
                     return;
                 }
@@ -1151,6 +1525,7 @@ impl Simulation {
                     delay,
                     Event::ChunkSaved {
                         node: id,
+                        group,
                         incarnation,
                         meta,
                         offset,
@@ -1160,82 +1535,103 @@ impl Simulation {
                 );
             }
             Action::Compact { through } => {
+                let who = self.who(id, group);
                 let Some(node) = self.nodes.get_mut(&id) else {
                     return;
                 };
-                let snapshot_index = node.disk.synced().snapshot.index;
+                let Some(disk) = node.disk.group_mut(group) else {
+                    return;
+                };
+                let snapshot_index = disk.synced().snapshot.index;
                 if through > snapshot_index {
                     self.fail(
                         FailureKind::Contract,
-                        format!("node {id}: compact through {through} but the durable snapshot is at {snapshot_index}"),
+                        format!("{who}: compact through {through} but the durable snapshot is at {snapshot_index}"),
                     );
                     return;
                 }
-                node.disk.compact(through);
+                disk.compact(through);
                 if let Some(real) = node.real.as_mut() {
-                    if let Err(e) = real.compact(through) {
+                    if let Err(e) = real.compact(group, through) {
                         self.storage_failed(id, e);
                     }
                 }
             }
             Action::RoleChanged { role, term, leader } => {
-                self.on_role_changed(id, role, term, leader)
+                self.on_role_changed(id, group, role, term, leader)
             }
             Action::Removed => {
-                self.log(Some(id), "removed from the group");
+                self.log_group(Some(id), group, "removed from the group");
                 self.coverage.hit(Counter::NodeRemoved);
-                if let Some(node) = self.nodes.get_mut(&id) {
-                    node.removed = true;
+                if let Some(replica) = self.nodes.get_mut(&id).and_then(|n| n.replica_mut(group)) {
+                    replica.removed = true;
                 }
             }
             Action::Fault(fault) => {
                 if let ferry_raft::Fault::FollowerLogWentBack { certain: false, .. } = fault {
                     // A late duplicate of an old rejection looks the same;
                     // the network here duplicates and delays messages.
-                    self.log(Some(id), &format!("possible fault: {fault}"));
+                    self.log_group(Some(id), group, &format!("possible fault: {fault}"));
                     if let Some(seen) = self.faults_seen.as_mut() {
-                        seen.push((id, fault));
+                        seen.push((id, group, fault));
                     }
                     return;
                 }
                 if self.faults_seen.is_some() {
-                    self.log(Some(id), &format!("fault detected: {fault}"));
+                    self.log_group(Some(id), group, &format!("fault detected: {fault}"));
                     if let Some(seen) = self.faults_seen.as_mut() {
-                        seen.push((id, fault));
+                        seen.push((id, group, fault));
                     }
                     return;
                 }
                 // No node here is faulty or hostile: any detected fault means
                 // the engine, the storage or this runtime broke an assumption.
+                let who = self.who(id, group);
                 self.fail(
                     FailureKind::Safety,
-                    format!("node {id} reported a fault: {fault}"),
+                    format!("{who} reported a fault: {fault}"),
                 );
             }
         }
     }
 
-    fn on_role_changed(&mut self, id: NodeId, role: Role, term: Term, leader: Option<NodeId>) {
-        self.log(
+    fn on_role_changed(
+        &mut self,
+        id: NodeId,
+        group: GroupId,
+        role: Role,
+        term: Term,
+        leader: Option<NodeId>,
+    ) {
+        self.log_group(
             Some(id),
+            group,
             &format!("role {role:?} term={term} leader={leader:?}"),
         );
         let previous = self
             .nodes
             .get_mut(&id)
-            .and_then(|n| n.last_role.replace((role, term)));
+            .and_then(|n| n.replica_mut(group))
+            .and_then(|r| r.last_role.replace((role, term)));
         if role != Role::Leader || previous == Some((Role::Leader, term)) {
             return;
         }
-        if let Err(v) = self.checker.observe_leader(term, id) {
-            self.fail(FailureKind::Safety, v);
+        let reelected = self.checker(group).leader_before(term);
+        if let Err(v) = self.checker(group).observe_leader(term, id) {
+            let detail = format!("{}{v}", self.group_prefix(group));
+            self.fail(FailureKind::Safety, detail);
             return;
         }
-        let Some(engine) = self.engine(id) else {
+        let Some(engine) = self.group_engine(id, group) else {
             return;
         };
-        if let Err(v) = self.checker.check_leader_completeness(engine) {
-            self.fail(FailureKind::Safety, v);
+        let completeness = self
+            .checkers
+            .get(group_index(group).unwrap_or(usize::MAX))
+            .map_or(Ok(()), |c| c.check_leader_completeness(engine));
+        if let Err(v) = completeness {
+            let detail = format!("{}{v}", self.group_prefix(group));
+            self.fail(FailureKind::Safety, detail);
             return;
         }
         let membership_in_progress = engine.config().is_joint()
@@ -1250,20 +1646,34 @@ impl Simulation {
             self.coverage
                 .hit(Counter::LeaderChangedDuringMembershipChange);
         }
-        if let Some((target, deadline)) = self.transfer_target {
-            if target == id && self.now_us <= deadline {
+        if self.config.groups > 1 {
+            if reelected && self.config.is_idle_group(group) {
+                self.coverage.hit(Counter::IdleGroupReelected);
+            }
+            let spread = self
+                .group_ids()
+                .filter(|&g| g != group)
+                .any(|g| self.group_leader(g).is_some_and(|l| l != id));
+            if spread {
+                self.coverage.hit(Counter::GroupLeadersSpread);
+            }
+        }
+        if let Some((target_group, target, deadline)) = self.transfer_target {
+            if target_group == group && target == id && self.now_us <= deadline {
                 self.coverage.hit(Counter::LeadershipTransferred);
                 self.transfer_target = None;
             }
         }
     }
 
+    /// Starts a sync of the node's log if none runs and some group has
+    /// writes to sync: one sync for all of them (group commit).
     fn maybe_start_sync(&mut self, id: NodeId) {
         let Some(node) = self.nodes.get_mut(&id) else {
             return;
         };
         let incarnation = node.incarnation;
-        if let Some(seq) = node.disk.start_sync() {
+        if let Some(covered) = node.disk.start_sync() {
             let delay = match node.real.as_mut().map(RealStorage::start_sync) {
                 None => {
                     let (low, high) = self.config.sync_delay_us;
@@ -1276,9 +1686,14 @@ impl Simulation {
                     20 + disk_us
                 }
                 Some(Ok(None)) => {
+                    let through = if self.config.groups > 1 {
+                        format!("{covered:?}")
+                    } else {
+                        covered.iter().map(|(_, s)| s.to_string()).collect()
+                    };
                     self.fail(
                         FailureKind::Contract,
-                        format!("node {id}: the model has writes to sync (through seq {seq}) but the real log has none"),
+                        format!("node {id}: the model has writes to sync (through seq {through}) but the real log has none"),
                     );
                     return;
                 }
@@ -1287,12 +1702,15 @@ impl Simulation {
                     return;
                 }
             };
+            if covered.len() > 1 {
+                self.coverage.hit(Counter::SyncCoveredGroups);
+            }
             self.schedule(
                 delay,
                 Event::SyncDone {
                     node: id,
                     incarnation,
-                    seq,
+                    covered,
                 },
             );
         }
@@ -1300,16 +1718,26 @@ impl Simulation {
 
     /// Principle 6: an append is acknowledged and a vote granted or asked
     /// for only once the state behind it is synced.
-    fn check_durable_before_send(&mut self, id: NodeId, message: &Message) -> Result<(), String> {
+    fn check_durable_before_send(
+        &mut self,
+        id: NodeId,
+        group: GroupId,
+        message: &Message,
+    ) -> Result<(), String> {
         let Some(node) = self.nodes.get(&id) else {
             return Ok(());
         };
-        let synced = node.disk.synced();
+        let Some(synced) = node.disk.group(group).map(|d| d.synced()) else {
+            return Ok(());
+        };
+        let Some(checker) = group_index(group).and_then(|i| self.checkers.get(i)) else {
+            return Ok(());
+        };
         match &message.body {
             // Only the leader of the response's term counts it; an answer to
             // a stale leader is ignored there and proves nothing.
             MessageBody::AppendResponse(AppendResult::Success { match_index })
-                if self.checker.leader_of(message.term) == Some(message.to)
+                if checker.leader_of(message.term) == Some(message.to)
                     && synced.last_index() < *match_index =>
             {
                 return Err(format!(
@@ -1317,7 +1745,7 @@ impl Simulation {
                     message.to,
                     message.term,
                     synced.last_index(),
-                    node.engine.as_ref().map_or(0, |e| e.term())
+                    node.engine(group).map_or(0, |e| e.term())
                 ));
             }
             MessageBody::RequestVoteResponse {
@@ -1349,7 +1777,15 @@ impl Simulation {
         Ok(())
     }
 
-    fn send_message(&mut self, id: NodeId, message: Message) {
+    fn send_message(&mut self, id: NodeId, group: GroupId, message: Message) {
+        if message.group != group {
+            let who = self.who(id, group);
+            self.fail(
+                FailureKind::Contract,
+                format!("{who} sent a message of group {}", message.group),
+            );
+            return;
+        }
         if message.from != id {
             self.fail(
                 FailureKind::Contract,
@@ -1360,7 +1796,8 @@ impl Simulation {
             );
             return;
         }
-        if let Err(detail) = self.check_durable_before_send(id, &message) {
+        if let Err(detail) = self.check_durable_before_send(id, group, &message) {
+            let detail = format!("{}{detail}", self.group_prefix(group));
             self.fail(FailureKind::Durability, detail);
             return;
         }
@@ -1371,12 +1808,13 @@ impl Simulation {
                 entries,
                 ..
             } => {
-                if let Err(v) = self.checker.observe_entries(
+                if let Err(v) = self.checker(group).observe_entries(
                     id,
                     Some((*prev_log_index, *prev_log_term)),
                     entries,
                 ) {
-                    self.fail(FailureKind::Safety, v);
+                    let detail = format!("{}{v}", self.group_prefix(group));
+                    self.fail(FailureKind::Safety, detail);
                     return;
                 }
             }
@@ -1398,8 +1836,9 @@ impl Simulation {
         };
         match interference {
             Interference::Drop => {
-                self.log(
+                self.log_group(
                     Some(id),
+                    group,
                     &format!(
                         "hook drops n{}->n{} {}",
                         id,
@@ -1411,11 +1850,11 @@ impl Simulation {
             }
             Interference::DuplicateLate(extra) => {
                 let delay = self.net.delay_us(&mut self.rng) + extra;
-                self.schedule(delay, Event::Deliver(message.clone()));
+                self.schedule_delivery(delay, message.clone());
             }
             Interference::Delay(extra) => {
                 let delay = self.net.delay_us(&mut self.rng) + extra;
-                self.schedule(delay, Event::Deliver(message));
+                self.schedule_delivery(delay, message);
                 return;
             }
             Interference::None => {}
@@ -1426,10 +1865,16 @@ impl Simulation {
                     self.coverage.hit(Counter::MessageDuplicated);
                 }
                 for delay in delays {
-                    self.schedule(delay, Event::Deliver(message.clone()));
+                    self.schedule_delivery(delay, message.clone());
                 }
             }
-            SendOutcome::Held => {}
+            SendOutcome::Held => {
+                let epoch = self.connection_epoch(message.from, message.to);
+                self.held_epochs
+                    .entry((message.from, message.to))
+                    .or_default()
+                    .push(epoch);
+            }
             SendOutcome::Dropped(reason) => match reason {
                 DropReason::Loss | DropReason::ClogOverflow => {
                     self.coverage.hit(Counter::MessageDropped)
@@ -1440,23 +1885,25 @@ impl Simulation {
         }
     }
 
-    fn apply_entries(&mut self, id: NodeId, entries: Vec<Entry>) {
+    fn apply_entries(&mut self, id: NodeId, group: GroupId, entries: Vec<Entry>) {
         let (commit, node_term) = self
-            .engine(id)
+            .group_engine(id, group)
             .map_or((0, 0), |e| (e.commit_index(), e.term()));
+        let who = self.who(id, group);
         for entry in &entries {
             if entry.index > commit {
                 self.fail(
                     FailureKind::Safety,
                     format!(
-                        "node {id} applies entry {} beyond its commit index {commit}",
+                        "{who} applies entry {} beyond its commit index {commit}",
                         entry.index
                     ),
                 );
                 return;
             }
-            if let Err(v) = self.checker.observe_applied(id, node_term, entry) {
-                self.fail(FailureKind::Safety, v);
+            if let Err(v) = self.checker(group).observe_applied(id, node_term, entry) {
+                let detail = format!("{}{v}", self.group_prefix(group));
+                self.fail(FailureKind::Safety, detail);
                 return;
             }
             // A proposal answered at exactly this (index, term) must be this command.
@@ -1464,7 +1911,7 @@ impl Simulation {
                 let client_id = self.clients[slot].client_id;
                 if let Some(op) = self.clients[slot].op {
                     if let Awaiting::Apply { node, index, term } = op.awaiting {
-                        if node == id && index == entry.index {
+                        if node == id && op.group == group && index == entry.index {
                             if term == entry.term {
                                 let ours = match &entry.payload {
                                     EntryPayload::Command(bytes) => Command::decode(bytes)
@@ -1477,7 +1924,7 @@ impl Simulation {
                                     self.fail(
                                         FailureKind::Safety,
                                         format!(
-                                            "node {id}: proposal of client {client_id} was answered at ({index}, {term}) but that entry holds {:?}",
+                                            "{who}: proposal of client {client_id} was answered at ({index}, {term}) but that entry holds {:?}",
                                             entry.payload
                                         ),
                                     );
@@ -1490,7 +1937,7 @@ impl Simulation {
                     }
                 }
             }
-            let Some(node) = self.nodes.get_mut(&id) else {
+            let Some(node) = self.nodes.get_mut(&id).and_then(|n| n.replica_mut(group)) else {
                 return;
             };
             if let EntryPayload::Command(bytes) = &entry.payload {
@@ -1498,7 +1945,7 @@ impl Simulation {
                     if let Some(session) = node.machine.session(command.client()) {
                         if session.op_seq >= command.op_seq() {
                             let detail = format!(
-                                "node {id} applies operation {} of client {} a second time, at index {}: one client request became two log entries (a duplicated forward, or an attempt refused as 'no effect' that took effect)",
+                                "{who} applies operation {} of client {} a second time, at index {}: one client request became two log entries (a duplicated forward, or an attempt refused as 'no effect' that took effect)",
                                 command.op_seq(),
                                 command.client(),
                                 entry.index
@@ -1516,7 +1963,7 @@ impl Simulation {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    self.fail(FailureKind::Contract, format!("node {id}: {e}"));
+                    self.fail(FailureKind::Contract, format!("{who}: {e}"));
                     return;
                 }
             }
@@ -1539,11 +1986,11 @@ impl Simulation {
                 }
             }
         }
-        self.resolve_applied(id, false);
-        self.maybe_take_snapshot(id);
+        self.resolve_applied(id, group, false);
+        self.maybe_take_snapshot(id, group);
     }
 
-    fn maybe_take_snapshot(&mut self, id: NodeId) {
+    fn maybe_take_snapshot(&mut self, id: NodeId, group: GroupId) {
         let every = self.config.snapshot_every_entries.max(1);
         if !self.local_snapshots {
             return;
@@ -1551,24 +1998,31 @@ impl Simulation {
         let Some(node) = self.nodes.get_mut(&id) else {
             return;
         };
-        if node.snapshot_in_progress
-            || node.machine.applied() < node.disk.synced().snapshot.index.saturating_add(every)
+        let incarnation = node.incarnation;
+        let Some(snapshot_index) = node.disk.group(group).map(|d| d.synced().snapshot.index) else {
+            return;
+        };
+        let Some(replica) = node.replica_mut(group) else {
+            return;
+        };
+        if replica.snapshot_in_progress
+            || replica.machine.applied() < snapshot_index.saturating_add(every)
         {
             return;
         }
-        node.snapshot_in_progress = true;
+        replica.snapshot_in_progress = true;
         let meta = SnapshotMeta {
-            index: node.machine.applied(),
-            term: node.machine.applied_term(),
-            config: node.machine.config().clone(),
+            index: replica.machine.applied(),
+            term: replica.machine.applied_term(),
+            config: replica.machine.config().clone(),
         };
-        let data = node.machine.encode_snapshot();
-        let incarnation = node.incarnation;
+        let data = replica.machine.encode_snapshot();
         let delay = self.rng.range(100, 2_000);
         self.schedule(
             delay,
             Event::LocalSnapshot {
                 node: id,
+                group,
                 incarnation,
                 meta,
                 data,
@@ -1589,11 +2043,14 @@ impl Simulation {
                     None => return,
                 };
                 if !paused {
-                    self.step(node, Input::Tick);
+                    // The node's one clock drives every group it hosts.
+                    for group in self.group_ids() {
+                        self.step(node, group, Input::Tick);
+                    }
                 }
                 self.schedule(period, Event::Tick { node, incarnation });
             }
-            Event::Deliver(message) => {
+            Event::Deliver { message, epoch } => {
                 if self
                     .net
                     .partition()
@@ -1602,47 +2059,63 @@ impl Simulation {
                 {
                     return;
                 }
-                let to = message.to;
-                self.feed(to, Input::Message(message));
+                if self.sent_on_broken_connection(message.from, message.to, epoch) {
+                    self.log_group(
+                        Some(message.to),
+                        message.group,
+                        &format!(
+                            "lost n{}->n{} {} (its connection broke)",
+                            message.from,
+                            message.to,
+                            describe_body(&message.body)
+                        ),
+                    );
+                    return;
+                }
+                let (to, group) = (message.to, message.group);
+                self.feed(to, group, Input::Message(message));
             }
             Event::FalsePersisted {
                 node,
+                group,
                 incarnation,
                 seq,
             } => {
                 if self.incarnation(node) == incarnation {
-                    self.feed(node, Input::Persisted { seq });
+                    self.feed(node, group, Input::Persisted { seq });
                 }
             }
             Event::SyncDone {
                 node,
                 incarnation,
-                seq,
+                covered,
             } => {
                 if self.incarnation(node) != incarnation || !self.is_running(node) {
                     return;
                 }
-                if !self.real_complete_sync(node, seq) {
+                if !self.real_complete_sync(node, &covered) {
                     return;
                 }
-                let (result, report) = match self.nodes.get_mut(&node) {
+                let (result, reports) = match self.nodes.get_mut(&node) {
                     Some(n) => {
-                        let result = n.disk.complete_sync(seq);
-                        (result, n.disk.take_persisted_report())
+                        let result = n.disk.complete_sync(&covered);
+                        (result, n.disk.take_persisted_reports())
                     }
                     None => return,
                 };
                 if let Err(v) = result {
-                    self.fail(FailureKind::Durability, format!("node {node}: {v}"));
+                    self.storage_violation(node, v);
                     return;
                 }
-                if let Some(seq) = report {
-                    self.feed(node, Input::Persisted { seq });
+                // Every group the sync covered learns its writes are durable.
+                for (group, seq) in reports {
+                    self.feed(node, group, Input::Persisted { seq });
                 }
                 self.maybe_start_sync(node);
             }
             Event::ChunkLoaded {
                 node,
+                group,
                 incarnation,
                 to,
                 snapshot_index,
@@ -1655,9 +2128,10 @@ impl Simulation {
                 let chunk = self
                     .nodes
                     .get(&node)
-                    .and_then(|n| n.disk.load_chunk(snapshot_index, offset, max_bytes));
+                    .and_then(|n| n.disk.group(group))
+                    .and_then(|d| d.load_chunk(snapshot_index, offset, max_bytes));
                 let Some(chunk) =
-                    self.real_load_chunk(node, snapshot_index, offset, max_bytes, chunk)
+                    self.real_load_chunk(node, group, snapshot_index, offset, max_bytes, chunk)
                 else {
                     return;
                 };
@@ -1666,6 +2140,7 @@ impl Simulation {
                 }
                 self.feed(
                     node,
+                    group,
                     Input::SnapshotChunkLoaded {
                         to,
                         snapshot_index,
@@ -1676,6 +2151,7 @@ impl Simulation {
             }
             Event::ChunkSaved {
                 node,
+                group,
                 incarnation,
                 meta,
                 offset,
@@ -1686,7 +2162,7 @@ impl Simulation {
                     return;
                 }
                 let ok = if ok && done {
-                    self.install_snapshot(node, &meta)
+                    self.install_snapshot(node, group, &meta)
                 } else {
                     ok
                 };
@@ -1695,6 +2171,7 @@ impl Simulation {
                 }
                 self.feed(
                     node,
+                    group,
                     Input::SnapshotChunkSaved {
                         snapshot_index: meta.index,
                         offset,
@@ -1704,6 +2181,7 @@ impl Simulation {
             }
             Event::LocalSnapshot {
                 node,
+                group,
                 incarnation,
                 meta,
                 data,
@@ -1712,19 +2190,23 @@ impl Simulation {
                     return;
                 }
                 let index = meta.index;
-                if !self.real_save_local_snapshot(node, &meta, &data) {
+                if !self.real_save_local_snapshot(node, group, &meta, &data) {
                     return;
                 }
                 let stored = match self.nodes.get_mut(&node) {
                     Some(n) => {
-                        n.snapshot_in_progress = false;
-                        n.disk.store_local_snapshot(meta, data)
+                        if let Some(replica) = n.replica_mut(group) {
+                            replica.snapshot_in_progress = false;
+                        }
+                        n.disk
+                            .group_mut(group)
+                            .is_some_and(|d| d.store_local_snapshot(meta, data))
                     }
                     None => return,
                 };
                 if stored {
                     self.coverage.hit(Counter::LocalSnapshotTaken);
-                    self.feed(node, Input::SnapshotBuilt { index });
+                    self.feed(node, group, Input::SnapshotBuilt { index });
                 }
             }
             Event::PeerReady {
@@ -1746,7 +2228,8 @@ impl Simulation {
                     return;
                 }
                 self.log(Some(node), &format!("link to n{peer} ready"));
-                self.feed(node, Input::PeerConnected(peer));
+                // One link per pair of nodes: every group hears of it.
+                self.feed_all(node, Input::PeerConnected(peer));
             }
             Event::NextFault => self.next_fault(),
             Event::HealPartition { generation } => {
@@ -1779,11 +2262,12 @@ impl Simulation {
         }
     }
 
-    fn install_snapshot(&mut self, id: NodeId, meta: &SnapshotMeta) -> bool {
+    fn install_snapshot(&mut self, id: NodeId, group: GroupId, meta: &SnapshotMeta) -> bool {
+        let who = self.who(id, group);
         let Some(node) = self.nodes.get_mut(&id) else {
             return false;
         };
-        let Some(incoming) = node.disk.take_incoming() else {
+        let Some(incoming) = node.disk.group_mut(group).and_then(|d| d.take_incoming()) else {
             return false;
         };
         if incoming.meta != *meta {
@@ -1796,43 +2280,61 @@ impl Simulation {
                 Ok(m) => m,
                 Err(_) => return false,
             };
-        if meta.index <= node.machine.applied() {
-            let applied = node.machine.applied();
+        let applied = node.replica(group).map_or(0, |r| r.machine.applied());
+        if meta.index <= applied {
             self.fail(
                 FailureKind::Contract,
                 format!(
-                    "node {id} was asked to install snapshot at {} but has applied {applied}: installing would roll back its state machine",
+                    "{who} was asked to install snapshot at {} but has applied {applied}: installing would roll back its state machine",
                     meta.index
                 ),
             );
             return false;
         }
         if let Some(real) = node.real.as_mut() {
-            node.snapshot_attempt = Some((meta.clone(), data.clone()));
-            if let Err(e) = real.install_incoming(meta) {
+            if let Some(replica) = group_index(group).and_then(|i| node.replicas.get_mut(i)) {
+                replica.snapshot_attempt = Some((meta.clone(), data.clone()));
+            }
+            if let Err(e) = real.install_incoming(group, meta) {
                 self.storage_failed(id, e);
                 return false;
             }
-            node.snapshot_attempt = None;
+            if let Some(replica) = group_index(group).and_then(|i| node.replicas.get_mut(i)) {
+                replica.snapshot_attempt = None;
+            }
         }
         let Some(node) = self.nodes.get_mut(&id) else {
             return false;
         };
-        if let Err(v) = node.disk.install_snapshot(meta.clone(), data) {
-            self.fail(FailureKind::Durability, format!("node {id}: {v}"));
+        let unsynced_elsewhere = node
+            .disk
+            .group_ids()
+            .into_iter()
+            .any(|g| g != group && node.disk.group(g).is_some_and(|d| d.has_unsynced()));
+        if let Err(v) = node.disk.install_snapshot(group, meta.clone(), data) {
+            self.storage_violation(id, v);
             return false;
         }
-        node.machine = machine;
-        let report = node.disk.take_persisted_report();
-        self.log(
+        if let Some(replica) = node.replica_mut(group) {
+            replica.machine = machine;
+        }
+        let reports = node.disk.take_persisted_reports();
+        self.log_group(
             Some(id),
+            group,
             &format!("installed snapshot ({}, {})", meta.index, meta.term),
         );
         self.coverage.hit(Counter::SnapshotInstalled);
-        if let Some(seq) = report {
-            self.feed(id, Input::Persisted { seq });
+        if unsynced_elsewhere {
+            self.coverage.hit(Counter::InstallSyncedOtherGroups);
         }
-        self.resolve_applied(id, true);
+        // The install synced the whole log: the installing group hears
+        // first, then every other group whose writes it made durable.
+        let (own, others): (Vec<_>, Vec<_>) = reports.into_iter().partition(|(g, _)| *g == group);
+        for (g, seq) in own.into_iter().chain(others) {
+            self.feed(id, g, Input::Persisted { seq });
+        }
+        self.resolve_applied(id, group, true);
         true
     }
 }
@@ -1846,19 +2348,48 @@ pub fn check_linearizable(history: &History) -> Result<(), String> {
     }
 }
 
-/// Runs one seed with random parameters, catching panics.
+/// Runs one seed with random parameters and one group per node, catching
+/// panics.
 pub fn run_seed(seed: u64, voters: Option<usize>, trace: bool) -> SeedReport {
     run_seed_with(seed, voters, trace, QuiesceMode::Off)
 }
 
-/// Runs one seed with random parameters and quiescence set by `quiesce`.
+/// Runs one seed with random parameters, one group per node and quiescence
+/// set by `quiesce`, catching panics.
 pub fn run_seed_with(
     seed: u64,
     voters: Option<usize>,
     trace: bool,
     quiesce: QuiesceMode,
 ) -> SeedReport {
-    let mut config = SimConfig::random(seed, voters);
+    run_seed_in_groups_with(seed, voters, 1, trace, quiesce)
+}
+
+/// Runs one seed with random parameters and `groups` Raft groups per node
+/// (see [`SimConfig::with_groups`]), quiescence off, catching panics. With
+/// one group it is [`run_seed`], draw for draw.
+pub fn run_seed_in_groups(
+    seed: u64,
+    voters: Option<usize>,
+    groups: usize,
+    trace: bool,
+) -> SeedReport {
+    run_seed_in_groups_with(seed, voters, groups, trace, QuiesceMode::Off)
+}
+
+/// Runs one seed with random parameters, `groups` Raft groups per node and
+/// quiescence set by `quiesce` for every group's engine, catching panics.
+/// The seed's parameters, the choices only several groups need and the
+/// quiescence draw come from three separate generators, so that neither
+/// flag changes what the others draw.
+pub fn run_seed_in_groups_with(
+    seed: u64,
+    voters: Option<usize>,
+    groups: usize,
+    trace: bool,
+    quiesce: QuiesceMode,
+) -> SeedReport {
+    let mut config = SimConfig::random(seed, voters).with_groups(groups);
     config.apply_quiesce(quiesce);
     config.trace = trace;
     run_config(config)
@@ -1883,6 +2414,7 @@ fn take_recorded_panic() -> Option<String> {
 pub fn run_config(config: SimConfig) -> SeedReport {
     let seed = config.seed;
     let voters = config.voters;
+    let groups = config.groups;
     let mut slot: Option<Simulation> = None;
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let sim = slot.insert(Simulation::new(config));
@@ -1909,7 +2441,8 @@ pub fn run_config(config: SimConfig) -> SeedReport {
                     voters,
                     failure: None,
                     coverage: Coverage::default(),
-                    history: History::default(),
+                    groups,
+                    histories: Vec::new(),
                     end_us: 0,
                     trace: None,
                     converged_after_us: None,
