@@ -226,26 +226,23 @@ impl NodeHost {
         let peer_addr = transport.local_addr();
         let connected = Arc::new(Mutex::new(BTreeSet::new()));
         let liveness = Arc::new(Liveness::default());
+        let silence = config
+            .tick_interval
+            .saturating_mul(config.engine.election_timeout_ticks.max(1));
         tasks.push(tokio::spawn(route(
             events,
             workers.clone(),
             connected.clone(),
             liveness.clone(),
+            (config.tick_interval, silence),
         )));
-        let silence = config
-            .tick_interval
-            .saturating_mul(config.engine.election_timeout_ticks.max(1));
         let links = Arc::new(Links {
             transport: RwLock::new(transport),
         });
-        tasks.push(tokio::spawn(watch_liveness(
+        tasks.push(tokio::spawn(send_keepalives(
             config.node_id,
             config.tick_interval,
-            silence,
             links.clone(),
-            workers.clone(),
-            connected.clone(),
-            liveness,
         )));
         Ok(NodeHost {
             inner: Arc::new(HostInner {
@@ -527,9 +524,24 @@ async fn route(
     workers: Workers,
     connected: Arc<Mutex<BTreeSet<NodeId>>>,
     liveness: Arc<Liveness>,
+    (tick, silence): (Duration, Duration),
 ) {
     let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
-    while let Some(event) = events.recv().await {
+    // Silence is checked here, between events, so that a peer's groups hear
+    // "gone" and "back" in the order its frames arrived.
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => event,
+                None => break,
+            },
+            _ = ticker.tick() => {
+                report_silent(&liveness, &connected, silence, &workers).await;
+                continue;
+            }
+        };
         match event {
             TransportEvent::Connected(peer) => {
                 lock(&connected).insert(peer);
@@ -601,16 +613,8 @@ impl Liveness {
     }
 }
 
-/// Sends the keepalives and reports silent peers (see [`Liveness`]).
-async fn watch_liveness(
-    me: NodeId,
-    tick: Duration,
-    silence: Duration,
-    links: Arc<Links>,
-    workers: Workers,
-    connected: Arc<Mutex<BTreeSet<NodeId>>>,
-    liveness: Arc<Liveness>,
-) {
+/// Sends every peer node a keepalive each tick (see [`Liveness`]).
+async fn send_keepalives(me: NodeId, tick: Duration, links: Arc<Links>) {
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -630,26 +634,36 @@ async fn watch_liveness(
             };
             links.send(peer, crate::transport::encode_message(&keepalive));
         }
-        let now = std::time::Instant::now();
-        let up: Vec<NodeId> = lock(&connected).iter().copied().collect();
-        let newly_silent: Vec<NodeId> = {
-            let last_heard = lock(&liveness.last_heard);
-            let mut silent = lock(&liveness.silent);
-            up.into_iter()
-                .filter(|peer| {
-                    let quiet = last_heard
-                        .get(peer)
-                        .is_none_or(|at| now.saturating_duration_since(*at) > silence);
-                    quiet && silent.insert(*peer)
-                })
-                .collect()
-        };
-        for peer in newly_silent {
-            tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
-            workers
-                .broadcast(|| WorkerInput::PeerDisconnected(peer))
-                .await;
-        }
+    }
+}
+
+/// Reports to every group the peers whose link is up but which sent
+/// nothing for `silence` (see [`Liveness`]).
+async fn report_silent(
+    liveness: &Liveness,
+    connected: &Mutex<BTreeSet<NodeId>>,
+    silence: Duration,
+    workers: &Workers,
+) {
+    let now = std::time::Instant::now();
+    let up: Vec<NodeId> = lock(connected).iter().copied().collect();
+    let newly_silent: Vec<NodeId> = {
+        let last_heard = lock(&liveness.last_heard);
+        let mut silent = lock(&liveness.silent);
+        up.into_iter()
+            .filter(|peer| {
+                let quiet = last_heard
+                    .get(peer)
+                    .is_none_or(|at| now.saturating_duration_since(*at) > silence);
+                quiet && silent.insert(*peer)
+            })
+            .collect()
+    };
+    for peer in newly_silent {
+        tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
+        workers
+            .broadcast(|| WorkerInput::PeerDisconnected(peer))
+            .await;
     }
 }
 
