@@ -234,10 +234,19 @@ impl<M: StateMachine> Group<M> {
                 .view
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            // The configuration in force changes only when the log does (an
+            // entry appended or cut, a snapshot installed) or the commit
+            // index moves (a change takes effect once committed), so it is
+            // compared only then.
+            let log_moved = view.last_index != self.node.last_index()
+                || view.commit != self.node.commit_index();
+            let changed = log_moved && view.config != *self.node.config();
+            if changed {
+                view.config = self.node.config().clone();
+            }
             view.role = self.role;
             view.term = self.node.term();
             view.leader = self.node.leader();
-
             view.commit = self.node.commit_index();
             view.durable_index = self.node.durable_index();
             view.applied = self.applied;
@@ -246,14 +255,6 @@ impl<M: StateMachine> Group<M> {
             view.removed = self.node.is_removed();
             if view.halted.is_none() {
                 view.halted = self.node.halted().map(ToString::to_string);
-            }
-            // The configuration changes only with the log (an entry
-            // appended or cut, a snapshot installed), so it is compared
-            // only when the log's end moved.
-            let log_moved = view.last_index != self.node.last_index();
-            let changed = log_moved && view.config != *self.node.config();
-            if changed {
-                view.config = self.node.config().clone();
             }
             view.last_index = self.node.last_index();
             changed

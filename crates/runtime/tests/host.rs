@@ -700,3 +700,32 @@ async fn a_durable_machine_is_compacted_behind_streamed_to_a_late_member_and_not
         "commands the machine held were applied again"
     );
 }
+
+/// The view shows a membership change once it is in force, on the node
+/// that made it (the configuration takes effect at commit, without the
+/// log's end moving then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_shows_a_membership_change_once_it_is_in_force() {
+    let mut cluster = Cluster::new("view-config", 1);
+    let host = cluster.start(1).await.clone();
+    let handle = host
+        .start_group(3, Membership::Found(vec![1]), Journal::default())
+        .await
+        .unwrap();
+    propose(&handle, "first".into()).await;
+    handle
+        .change_membership(ferry_runtime::MembershipChange::AddLearner(9))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !handle.view_with(|view| view.config.is_learner(9)) {
+        assert!(
+            Instant::now() < deadline,
+            "the view never showed the new learner: {:?}",
+            handle.view().config
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(cluster.hosts.remove(&1));
+    host.shutdown().await;
+}
