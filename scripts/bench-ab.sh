@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Two ferry builds side by side: the same put load against a fresh
+# `ferry dev` cluster of each, rounds alternating A, B, A, B, ... so that a
+# machine that gets busier or quieter affects both alike.
+#
+# Usage: scripts/bench-ab.sh PATH/TO/ferry-A PATH/TO/ferry-B   (release builds)
+#
+# Prints per round the requests/s and latency of `ferry bench` (run with
+# build B's binary for both) and the server CPU per put: user + system time
+# of the three member processes from /proc/PID/stat over the load, divided
+# by the requests. Environment: ROUNDS [3], REQUESTS [20000].
+set -euo pipefail
+A=$(realpath "$1")
+B=$(realpath "$2")
+ROUNDS=${ROUNDS:-3}
+REQUESTS=${REQUESTS:-20000}
+TICKS_PER_S=$(getconf CLK_TCK)
+
+# CPU ticks used so far by the children of process $1.
+cpu_ticks() {
+    local total=0
+    for pid in $(pgrep -P "$1"); do
+        local used
+        used=$(cut -d')' -f2 "/proc/$pid/stat" | awk '{print $12 + $13}')
+        total=$((total + used))
+    done
+    echo "$total"
+}
+
+for round in $(seq "$ROUNDS"); do
+    for name in A B; do
+        bin=$A
+        [ "$name" = B ] && bin=$B
+        dir=$(mktemp -d)
+        (cd "$dir" && exec "$bin" dev >dev.log 2>&1) &
+        dev=$!
+        # Every member must take clients, and a leader be elected.
+        for port in 2379 22379 32379; do
+            for _ in $(seq 100); do
+                (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+                sleep 0.2
+            done
+        done
+        sleep 3
+        before=$(cpu_ticks "$dev")
+        result=$("$B" bench --requests "$REQUESTS" --workload put | grep '^RESULT')
+        after=$(cpu_ticks "$dev")
+        kill -INT "$dev"
+        wait "$dev" 2>/dev/null || true
+        rm -rf "$dir"
+        us_per_put=$(( (after - before) * 1000000 / TICKS_PER_S / REQUESTS ))
+        rps=$(echo "$result" | grep -o 'requests_per_s=[0-9.]*')
+        p50=$(echo "$result" | grep -o 'p50_us=[0-9]*')
+        p99=$(echo "$result" | grep -o 'p99_us=[0-9]*')
+        echo "round $round $name: $rps $p50 $p99 server_cpu_us_per_put=$us_per_put"
+    done
+done
