@@ -225,7 +225,6 @@ impl NodeHost {
         let transport = Transport::start(transport_config, events_tx).await?;
         let peer_addr = transport.local_addr();
         let connected = Arc::new(Mutex::new(BTreeSet::new()));
-        let liveness = Arc::new(Liveness::default());
         let silence = config
             .tick_interval
             .saturating_mul(config.engine.election_timeout_ticks.max(1));
@@ -233,7 +232,6 @@ impl NodeHost {
             events,
             workers.clone(),
             connected.clone(),
-            liveness.clone(),
             (config.tick_interval, silence),
         )));
         let links = Arc::new(Links {
@@ -523,9 +521,9 @@ async fn route(
     mut events: mpsc::Receiver<TransportEvent>,
     workers: Workers,
     connected: Arc<Mutex<BTreeSet<NodeId>>>,
-    liveness: Arc<Liveness>,
     (tick, silence): (Duration, Duration),
 ) {
+    let mut liveness = Liveness::default();
     let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
     // Silence is checked here, between events, so that a peer's groups hear
     // "gone" and "back" in the order its frames arrived.
@@ -538,7 +536,7 @@ async fn route(
                 None => break,
             },
             _ = ticker.tick() => {
-                report_silent(&liveness, &connected, silence, &workers).await;
+                report_silent(&mut liveness, &connected, silence, &workers).await;
                 continue;
             }
         };
@@ -596,20 +594,21 @@ async fn route(
 /// leader disconnected. So every host sends each peer a keepalive (a message
 /// to [`HOST_GROUP`]) every tick, and reports a peer whose link is up but
 /// which sent nothing for an election timeout as disconnected to every
-/// group; the first frame it sends again reports it connected.
+/// group; the first frame it sends again reports it connected. Kept by the
+/// router task alone.
 #[derive(Default)]
 struct Liveness {
     /// When each peer was last heard from.
-    last_heard: Mutex<BTreeMap<NodeId, std::time::Instant>>,
+    last_heard: BTreeMap<NodeId, std::time::Instant>,
     /// Peers reported silent to the groups.
-    silent: Mutex<BTreeSet<NodeId>>,
+    silent: BTreeSet<NodeId>,
 }
 
 impl Liveness {
     /// Records a frame from `peer`; true if it had been reported silent.
-    fn heard(&self, peer: NodeId) -> bool {
-        lock(&self.last_heard).insert(peer, std::time::Instant::now());
-        lock(&self.silent).remove(&peer)
+    fn heard(&mut self, peer: NodeId) -> bool {
+        self.last_heard.insert(peer, std::time::Instant::now());
+        self.silent.remove(&peer)
     }
 }
 
@@ -640,25 +639,23 @@ async fn send_keepalives(me: NodeId, tick: Duration, links: Arc<Links>) {
 /// Reports to every group the peers whose link is up but which sent
 /// nothing for `silence` (see [`Liveness`]).
 async fn report_silent(
-    liveness: &Liveness,
+    liveness: &mut Liveness,
     connected: &Mutex<BTreeSet<NodeId>>,
     silence: Duration,
     workers: &Workers,
 ) {
     let now = std::time::Instant::now();
     let up: Vec<NodeId> = lock(connected).iter().copied().collect();
-    let newly_silent: Vec<NodeId> = {
-        let last_heard = lock(&liveness.last_heard);
-        let mut silent = lock(&liveness.silent);
-        up.into_iter()
-            .filter(|peer| {
-                let quiet = last_heard
-                    .get(peer)
-                    .is_none_or(|at| now.saturating_duration_since(*at) > silence);
-                quiet && silent.insert(*peer)
-            })
-            .collect()
-    };
+    let newly_silent: Vec<NodeId> = up
+        .into_iter()
+        .filter(|peer| {
+            let quiet = liveness
+                .last_heard
+                .get(peer)
+                .is_none_or(|at| now.saturating_duration_since(*at) > silence);
+            quiet && liveness.silent.insert(*peer)
+        })
+        .collect();
     for peer in newly_silent {
         tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
         workers

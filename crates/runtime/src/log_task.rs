@@ -159,11 +159,8 @@ fn recovery(
     }))
 }
 
-/// A snapshot being received for a group.
-struct Receiving {
-    writer: Option<SnapshotWriter<FsDisk>>,
-    index: Index,
-}
+/// The file of the snapshot each group is receiving from its leader.
+type Receiving = BTreeMap<GroupId, SnapshotWriter<FsDisk>>;
 
 /// Why the log task stopped: the storage failed in a way that loses
 /// durability (a failed write or sync), and every group on the node must
@@ -243,7 +240,7 @@ pub(crate) async fn run(
 ) -> Result<(), LogFailed> {
     let (finished_tx, mut finished) = mpsc::unbounded_channel::<Finished>();
     let mut sync_in_flight = false;
-    let mut receiving: BTreeMap<GroupId, Receiving> = BTreeMap::new();
+    let mut receiving = Receiving::new();
     // What waits for the sync in flight to complete.
     let mut after_sync: Vec<AfterSync> = Vec::new();
     // What waits for a sync that starts after it was asked.
@@ -310,7 +307,7 @@ pub(crate) async fn run(
                     let index = writer.meta().index;
                     let ok = match outcome {
                         Ok(()) => {
-                            receiving.insert(group, Receiving { writer: Some(writer), index });
+                            receiving.insert(group, writer);
                             true
                         }
                         Err(error) if error.is_transient() => {
@@ -351,7 +348,7 @@ fn handle(
     request: LogRequest,
     workers: &Workers,
     finished: &mpsc::UnboundedSender<Finished>,
-    receiving: &mut BTreeMap<GroupId, Receiving>,
+    receiving: &mut Receiving,
     waiting: &mut Vec<AfterSync>,
 ) -> Result<(), LogFailed> {
     match request {
@@ -436,59 +433,52 @@ fn handle(
             done,
         } => {
             let index = meta.index;
-            if offset == 0 {
-                if let Some(old) = receiving.remove(&group).and_then(|r| r.writer) {
-                    storage.abandon_snapshot(old);
-                }
-                match storage.begin_snapshot(group, meta) {
-                    Ok(writer) => {
-                        receiving.insert(
-                            group,
-                            Receiving {
-                                writer: Some(writer),
-                                index,
-                            },
-                        );
-                    }
-                    Err(error) if error.is_transient() => {
-                        workers.complete(
-                            group,
-                            Completion::ChunkSaved {
-                                index,
-                                offset,
-                                ok: false,
-                                last: done,
-                            },
-                        );
-                        return Ok(());
-                    }
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            let Some(entry) = receiving.get_mut(&group).filter(|r| r.index == index) else {
-                // A chunk of a transfer that is not the one being written
-                // (its start was lost): refused, the leader starts over.
+            // Answers every chunk but a last one written (that one is
+            // answered once its file is sealed).
+            let answer = |ok: bool| {
                 workers.complete(
                     group,
                     Completion::ChunkSaved {
                         index,
                         offset,
-                        ok: false,
+                        ok,
                         last: done,
                     },
-                );
+                )
+            };
+            if offset == 0 {
+                if let Some(old) = receiving.remove(&group) {
+                    storage.abandon_snapshot(old);
+                }
+                match storage.begin_snapshot(group, meta) {
+                    Ok(writer) => {
+                        receiving.insert(group, writer);
+                    }
+                    Err(error) if error.is_transient() => {
+                        answer(false);
+                        return Ok(());
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            // A chunk of a transfer other than the one being written (its
+            // start was lost) is refused: the leader starts over.
+            let Some(mut writer) = receiving.remove(&group) else {
+                answer(false);
                 return Ok(());
             };
-            let Some(mut writer) = entry.writer.take() else {
+            if writer.meta().index != index {
+                receiving.insert(group, writer);
+                answer(false);
                 return Ok(());
-            };
+            }
             // Any error here concerns only the file being received, which
             // is not part of the store yet: the transfer is refused and the
             // leader starts over.
-            let written = writer.write(offset, &data);
-            match written {
+            match writer.write(offset, &data) {
+                // The last chunk: sealed (a sync of the whole file) on a
+                // blocking thread, answered when that is done.
                 Ok(()) if done => {
-                    receiving.remove(&group);
                     let finished = finished.clone();
                     tokio::task::spawn_blocking(move || {
                         let outcome = writer.seal();
@@ -500,35 +490,18 @@ fn handle(
                     });
                 }
                 Ok(()) => {
-                    entry.writer = Some(writer);
-                    workers.complete(
-                        group,
-                        Completion::ChunkSaved {
-                            index,
-                            offset,
-                            ok: true,
-                            last: false,
-                        },
-                    );
+                    receiving.insert(group, writer);
+                    answer(true);
                 }
                 Err(error) => {
                     tracing::warn!(group, index, offset, %error, "could not save a snapshot chunk; the leader will start over");
-                    receiving.remove(&group);
                     storage.abandon_snapshot(writer);
-                    workers.complete(
-                        group,
-                        Completion::ChunkSaved {
-                            index,
-                            offset,
-                            ok: false,
-                            last: done,
-                        },
-                    );
+                    answer(false);
                 }
             }
         }
         LogRequest::InstallReceived { group, offset } => {
-            let Some(writer) = receiving.remove(&group).and_then(|r| r.writer) else {
+            let Some(writer) = receiving.remove(&group) else {
                 return Ok(());
             };
             let index = writer.meta().index;
@@ -540,13 +513,13 @@ fn handle(
             });
         }
         LogRequest::AbandonReceived { group } => {
-            if let Some(writer) = receiving.remove(&group).and_then(|r| r.writer) {
+            if let Some(writer) = receiving.remove(&group) {
                 storage.abandon_snapshot(writer);
             }
         }
         LogRequest::Recover { group, reply } => waiting.push(AfterSync::Recover { group, reply }),
         LogRequest::RemoveGroup { group, reply } => {
-            if let Some(writer) = receiving.remove(&group).and_then(|r| r.writer) {
+            if let Some(writer) = receiving.remove(&group) {
                 storage.abandon_snapshot(writer);
             }
             let outcome = storage.remove_group(group).map(|_| ());

@@ -90,13 +90,8 @@ async fn cut(
             Some(chunk.clone())
         } else if offset == cut_offset && !finished {
             let want = usize::try_from(max_bytes.max(1)).unwrap_or(usize::MAX);
-            while pending.len() < want && !ended {
-                match pieces.recv().await {
-                    Some(piece) => pending.extend_from_slice(&piece),
-                    None => ended = true,
-                }
-            }
-            // One piece more, to know whether this chunk is the last.
+            // Filled past one chunk (or to the end), so that it is known
+            // whether this chunk is the last.
             while pending.len() <= want && !ended {
                 match pieces.recv().await {
                     Some(piece) => pending.extend_from_slice(&piece),

@@ -164,6 +164,31 @@ async fn read(handle: &GroupHandle<Journal>) -> Vec<String> {
     }
 }
 
+/// Waits, 20 s at most, until the machine of `handle` on its own node
+/// holds exactly `expected` (a member catching up).
+async fn wait_for_lines<M>(handle: &GroupHandle<M>, expected: &[String], what: &str)
+where
+    M: StateMachine<Query = (), QueryResponse = Vec<String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines = handle
+            .query((), ReadConsistency::Local { min_applied: None })
+            .await
+            .unwrap();
+        if lines == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} holds {} of {} lines",
+            lines.len(),
+            expected.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn leader_of(handle: &GroupHandle<Journal>) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -278,23 +303,8 @@ async fn a_host_restarts_from_its_data_and_a_late_member_catches_up_from_a_snaps
     cluster.hosts.insert(3, host3.clone());
     let late = start_groups(&host3, &[1, 2, 3]).await;
     for group in 1..=4u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let lines = late[&group]
-                .query((), ReadConsistency::Local { min_applied: None })
-                .await
-                .unwrap();
-            if lines == expected[&group] {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "group {group} on the late node holds {} of {} lines",
-                lines.len(),
-                expected[&group].len()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("group {group} on the late node");
+        wait_for_lines(&late[&group], &expected[&group], &what).await;
     }
     let received: Vec<String> = std::fs::read_dir(cluster.dir.join("node-3/snapshots"))
         .unwrap()
@@ -427,21 +437,7 @@ async fn a_snapshot_that_does_not_restore_is_refused_and_the_next_is_installed()
     );
     // The leader sends it again; this time it restores.
     refuse.store(false, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let lines = late
-            .query((), ReadConsistency::Local { min_applied: None })
-            .await
-            .unwrap();
-        if lines == expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 3 never installed a snapshot"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_lines(&late, &expected, "node 3 (after refusing)").await;
     assert!(!snapshot_files(&cluster, 3, 1).is_empty());
 }
 
@@ -646,23 +642,7 @@ async fn a_durable_machine_is_compacted_behind_streamed_to_a_late_member_and_not
         .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let lines = late
-            .query((), ReadConsistency::Local { min_applied: None })
-            .await
-            .unwrap();
-        if lines == expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 3 holds {} of {} lines",
-            lines.len(),
-            expected.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_lines(&late, &expected, "node 3").await;
     // It was caught up by the streamed state, not by the log alone.
     assert!(
         !snapshot_files(&cluster, 3, 1).is_empty(),
