@@ -29,6 +29,29 @@ use crate::log_limit::SharedLogLimiter;
 /// retrying at once would spin.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// How many connections that completed the TCP handshake the kernel keeps
+/// waiting for a listener to accept them (the kernel caps it at
+/// `net.core.somaxconn`). Past the gate's limit connections wait here; a
+/// full queue does not refuse new ones but silently drops their final
+/// handshake packet, and the client then believes in a connection the
+/// server may never see (not even to close it). The default of the
+/// standard library and tokio, 128, is smaller than one burst of idle
+/// connections; etcd (Go) asks for `somaxconn`.
+pub const LISTEN_BACKLOG_CONNECTIONS: u32 = 4096;
+
+/// Binds a listener on `addr` with [`LISTEN_BACKLOG_CONNECTIONS`] (and
+/// `SO_REUSEADDR`, as `TcpListener::bind` sets it on Unix).
+pub fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG_CONNECTIONS)
+}
+
 /// How many connections one listener holds at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -425,5 +448,69 @@ mod tests {
         )
         .await
         .expect("the second connection waited in the backlog");
+    }
+
+    /// How many connections wait in the accept queue of the IPv4 listener
+    /// on `port` (`rx_queue` of its LISTEN line in `/proc/net/tcp`).
+    fn accept_queue_length(port: u16) -> Option<u64> {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        table.lines().skip(1).find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields.get(1)?.rsplit(':').next()?;
+            let listening = *fields.get(3)? == "0A";
+            if !listening || u16::from_str_radix(local_port, 16).ok()? != port {
+                return None;
+            }
+            let queues = fields.get(4)?;
+            u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+        })
+    }
+
+    /// Regression: listeners were bound with the default backlog of 128.
+    /// A burst of idle connections past the gate's limit overflowed it, and
+    /// the overflow was not refused: the clients saw connections the server
+    /// never accepted and so never closed
+    /// (`idle_connections_cannot_take_the_descriptors_the_log_needs` failed
+    /// now and then).
+    #[tokio::test]
+    async fn a_listener_queues_a_burst_of_connections_past_the_default_backlog() {
+        const BURST_CONNECTIONS: u64 = 300;
+        let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(4096);
+        // The kernel holds one more than the backlog, capped by somaxconn.
+        let expected = BURST_CONNECTIONS.min(somaxconn + 1);
+        let listener = bind_listener(loopback()).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // (A full queue drops new handshakes too: bound each connect.)
+        let mut connecting = Vec::new();
+        for _ in 0..BURST_CONNECTIONS {
+            let addr = listener.local_addr().unwrap();
+            connecting.push(tokio::spawn(tokio::time::timeout(
+                Duration::from_secs(3),
+                TcpStream::connect(addr),
+            )));
+        }
+        let mut clients = Vec::new();
+        for attempt in connecting {
+            if let Ok(Ok(client)) = attempt.await.unwrap() {
+                clients.push(client);
+            }
+        }
+        // Nothing is accepted: every connection must be in the queue.
+        let mut queued = 0;
+        for _ in 0..100 {
+            queued = accept_queue_length(port).expect("the listener is in /proc/net/tcp");
+            if queued >= expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            queued, expected,
+            "connections past the backlog were dropped"
+        );
+        assert_eq!(clients.len() as u64, BURST_CONNECTIONS);
     }
 }

@@ -1047,7 +1047,7 @@ pub async fn spawn_server<B: Backend>(
     SocketAddr,
     tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 )> {
-    let listener = TcpListener::bind(address).await?;
+    let listener = crate::connections::bind_listener(address)?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(api.serve(listener, shutdown));
     Ok((local, task))

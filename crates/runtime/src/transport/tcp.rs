@@ -241,13 +241,12 @@ impl Transport {
         config: TransportConfig,
         events: mpsc::Sender<TransportEvent>,
     ) -> Result<Transport, TransportError> {
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| TransportError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+        let listener = crate::connections::bind_listener(config.listen).map_err(|source| {
+            TransportError::Bind {
+                addr: config.listen,
+                source,
+            }
+        })?;
         let local_addr = listener
             .local_addr()
             .map_err(|source| TransportError::Bind {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -23,7 +22,7 @@ use super::config::NodeConfig;
 use super::machine::KvMachine;
 use super::member_addrs;
 use crate::api::EtcdApi;
-use crate::connections::{open_files_limit, split_descriptors, ConnectionLimits};
+use crate::connections::{bind_listener, open_files_limit, split_descriptors, ConnectionLimits};
 use crate::member_id::Hex;
 use crate::state::{SharedState, StateMachine};
 
@@ -176,9 +175,8 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     };
     let group = host.start_group(KV_GROUP, membership, machine).await?;
 
-    let listener = TcpListener::bind(config.client_listen)
-        .await
-        .map_err(|source| StartError::ClientBind {
+    let listener =
+        bind_listener(config.client_listen).map_err(|source| StartError::ClientBind {
             addr: config.client_listen,
             source,
         })?;
