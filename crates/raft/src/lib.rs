@@ -190,7 +190,21 @@
 //! * Any message but the notice wakes the node it reaches. A woken
 //!   follower tells its leader with `WakeUp`, unless the message came from
 //!   that leader or the same step sends the leader something anyway (a
-//!   forwarded request, a vote request).
+//!   forwarded request, a vote request). Two exceptions, both messages
+//!   that bring nothing new:
+//!   - a quiet leader drops, without waking, a late answer to a heartbeat
+//!     or append of its own in this term from a member whose log it knows
+//!     matches through the last index, when the answer says just that (a
+//!     heartbeat answer with that last index and no append needed, or an
+//!     append success there). It needs nothing; waking on it would start
+//!     a heartbeat round whose answers, late again on a loaded host, would
+//!     wake it forever;
+//!   - a quiet follower answers, without waking, a heartbeat or append of
+//!     its leader in this term whose commit index is no higher than its
+//!     own and whose entries it holds: a late copy of a message sent
+//!     before the notice, or a round of a leader that woke for another
+//!     reason and needs only the answer. Waking on a late copy would run
+//!     the follower's election timer under a leader that is quiet.
 //! * A client request wakes the node it reaches; a follower that forwards
 //!   it wakes the leader with the forward itself. Requests that leave
 //!   nothing behind and need no timer do not wake: `Status`, a local read
@@ -300,12 +314,12 @@
 //! | role / sub-state | RequestVote (newer term) | pre-vote RequestVote | RequestVoteResponse (granted) | Append | AppendResponse (success) | Heartbeat | HeartbeatResponse | SnapshotChunk (first) | SnapshotChunkAck | SnapshotResponse (installed) | TimeoutNow | Forward (proposal) | ForwardResponse (unknown id) | Quiesce | WakeUp | any message from an older term | Propose | Read Linearizable | Read Lease | Read Local | Read Local (min_applied ahead) | ChangeMembership | TransferLeadership | Campaign | Status | Tick | Persisted | SnapshotBuilt | SnapshotChunkLoaded | SnapshotChunkSaved | PeerConnected | PeerDisconnected |
 //! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 //! | follower | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `persist send:RequestVote become:Candidate` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `send:PreVote ok:Campaign(Started) become:PreCandidate` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | follower quiescent | `send:WakeUp wake` | `send:PreVoteRefused send:WakeUp wake` | `send:WakeUp wake` | `persist send:AppendOk wake` | `wake` | `send:HeartbeatResponse wake` | `wake` | `save-chunk wake` | `wake` | `wake` | `persist send:RequestVote become:Candidate wake` | `send:ForwardErr:NotLeader send:WakeUp wake` | `wake` | `-` | `wake` | `send:HeartbeatResponse wake` | `send:Forward wake held` | `send:Forward wake held` | `err:NotLeader` | `ok:ReadReady` | `send:WakeUp wake held` | `send:Forward wake held` | `send:Forward wake held` | `send:PreVote ok:Campaign(Started) become:PreCandidate wake` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `wake` |
+//! | follower quiescent | `send:WakeUp wake` | `send:PreVoteRefused send:WakeUp wake` | `send:WakeUp wake` | `persist send:AppendOk wake` | `wake` | `send:HeartbeatResponse` | `wake` | `save-chunk wake` | `wake` | `wake` | `persist send:RequestVote become:Candidate wake` | `send:ForwardErr:NotLeader send:WakeUp wake` | `wake` | `-` | `wake` | `send:HeartbeatResponse wake` | `send:Forward wake held` | `send:Forward wake held` | `err:NotLeader` | `ok:ReadReady` | `send:WakeUp wake held` | `send:Forward wake held` | `send:Forward wake held` | `send:PreVote ok:Campaign(Started) become:PreCandidate wake` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `wake` |
 //! | follower receiving snapshot | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(ReceivingSnapshot)` | `ok:Status` | `-` | `-` | `compact` | `-` | `send:ChunkAck` | `-` | `-` |
 //! | pre-candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `-` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:PreVote` | `-` |
 //! | candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `send:Append persist become:Leader` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:RequestVote` | `-` |
 //! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
-//! | leader quiescent | `send:Heartbeat wake` | `send:PreVoteRefused send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Append send:Heartbeat wake` | `send:Heartbeat wake` | `send:ForwardOk send:Append send:Heartbeat persist wake` | `send:Heartbeat wake` | `-` | `send:Append send:Heartbeat wake` | `send:HeartbeatResponse send:Heartbeat wake` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:Heartbeat wake held` | `send:Heartbeat wake held` | `ok:ReadReady` | `send:Heartbeat wake held` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:TimeoutNow ok:TransferStarted send:Heartbeat wake` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:Append send:Heartbeat wake` | `-` |
+//! | leader quiescent | `send:Heartbeat wake` | `send:PreVoteRefused send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `-` | `send:Heartbeat wake` | `-` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Append send:Heartbeat wake` | `send:Heartbeat wake` | `send:ForwardOk send:Append send:Heartbeat persist wake` | `send:Heartbeat wake` | `-` | `send:Append send:Heartbeat wake` | `send:HeartbeatResponse send:Heartbeat wake` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:Heartbeat wake held` | `send:Heartbeat wake held` | `ok:ReadReady` | `send:Heartbeat wake held` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:TimeoutNow ok:TransferStarted send:Heartbeat wake` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:Append send:Heartbeat wake` | `-` |
 //! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
 //! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(NotVoter)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
 //! | removed | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
@@ -356,10 +370,13 @@
 //!   nothing, and `Tick`, `Persisted`, the snapshot completions and
 //!   `PeerConnected` need no timer and do not wake (nothing waits on a
 //!   quiescent node); a `wake` without `send:WakeUp` is a message of its own
-//!   leader, which is awake then. On a quiescent leader, a notice of its
-//!   own term cannot come (one leader per term), and `PeerDisconnected`
+//!   leader, which is awake then. The heartbeat column's commit index is
+//!   the follower's own: nothing new, answered without waking (the append
+//!   column brings an entry and wakes). On a quiescent leader, a notice of
+//!   its own term cannot come (one leader per term), `PeerDisconnected`
 //!   only moves the peer to probe (the followers that lost it wake by their
-//!   own report).
+//!   own report), and the success and heartbeat answers of a caught-up
+//!   member are late answers that need nothing: dropped.
 //! * `Quiesce` on a node with quiescence off (every row but the quiescent
 //!   ones), or that does not match: answered with `WakeUp`, so the leader
 //!   keeps its heartbeats going. `WakeUp` reaching a node that does not

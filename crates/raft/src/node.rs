@@ -464,7 +464,15 @@ impl RaftNode {
             // by (group, to); nothing here could answer it meaningfully.
             return;
         }
-        if self.quiescent && !matches!(message.body, MessageBody::Quiesce { .. }) {
+        if self.quiescent && self.is_late_answer_of_a_caught_up_member(&message) {
+            // Says nothing the quiet group lacks, needs nothing: dropped
+            // without waking (see `quiesce.rs`).
+            return;
+        }
+        if self.quiescent
+            && !matches!(message.body, MessageBody::Quiesce { .. })
+            && !self.is_nothing_new_from_the_leader(&message)
+        {
             // Any message but the notice wakes the node. A follower tells its
             // leader too unless the leader itself is the sender (then it is
             // awake already).

@@ -12,7 +12,7 @@
 //! without it.
 
 use crate::io::Action;
-use crate::message::MessageBody;
+use crate::message::{AppendResult, Message, MessageBody};
 use crate::node::{RaftNode, RoleState};
 use crate::progress::ReplicationState;
 use crate::request::{ReadConsistency, Request};
@@ -162,6 +162,103 @@ impl RaftNode {
             *paused = false;
         }
         self.send_append(from, true, actions);
+    }
+
+    /// (Quiescent leader.) Whether `message` is a late answer to a
+    /// heartbeat or append the leader sent before it went quiet, from a
+    /// member that is exactly where the notice assumed it (its log matched
+    /// through the last index, this term): it needs nothing and tells the
+    /// leader nothing it lacks (a quiet leader counts no check-quorum
+    /// answers, and waking resets them anyway). Waking on it made the
+    /// leader send a heartbeat round, whose answers woke it again: on a
+    /// loaded host whose answers take longer than a heartbeat interval to
+    /// come back, thousands of idle groups never stayed quiet, and the
+    /// load that made them late never went away.
+    pub(crate) fn is_late_answer_of_a_caught_up_member(&self, message: &Message) -> bool {
+        let Some(state) = self.leader_state() else {
+            return false;
+        };
+        let last = self.log.last_index();
+        let caught_up = message.term == self.term
+            && state
+                .progress
+                .get(&message.from)
+                .is_some_and(|p| p.match_index == last);
+        if !caught_up {
+            return false;
+        }
+        match &message.body {
+            MessageBody::HeartbeatResponse {
+                last_index,
+                needs_append,
+                read_seq: _,
+            } => *last_index == last && !needs_append,
+            MessageBody::AppendResponse(AppendResult::Success { match_index }) => {
+                *match_index == last
+            }
+            MessageBody::AppendResponse(AppendResult::Reject { .. })
+            | MessageBody::RequestVote { .. }
+            | MessageBody::RequestVoteResponse { .. }
+            | MessageBody::Append { .. }
+            | MessageBody::Heartbeat { .. }
+            | MessageBody::SnapshotChunk { .. }
+            | MessageBody::SnapshotChunkAck { .. }
+            | MessageBody::SnapshotResponse { .. }
+            | MessageBody::TimeoutNow
+            | MessageBody::Forward { .. }
+            | MessageBody::ForwardResponse { .. }
+            | MessageBody::Quiesce { .. }
+            | MessageBody::WakeUp => false,
+        }
+    }
+
+    /// (Quiescent follower.) Whether `message` is a heartbeat or append of
+    /// this follower's leader, in this term, that brings nothing the
+    /// follower lacks: a commit index no higher than its own and entries it
+    /// holds already. It is answered as always, without waking: the
+    /// follower stays where the notice left it. Such a message is either a
+    /// late copy of one sent before the notice (networks duplicate and
+    /// delay), or a heartbeat of a leader that woke for someone else (a
+    /// read round, a member that reconnected), which needs only the
+    /// answer. Waking on the late copy left the follower's election timer
+    /// running under a leader that had gone quiet: it campaigned and
+    /// deposed a healthy leader.
+    pub(crate) fn is_nothing_new_from_the_leader(&self, message: &Message) -> bool {
+        let from_leader = matches!(self.role, RoleState::Follower)
+            && self.leader == Some(message.from)
+            && message.term == self.term;
+        if !from_leader {
+            return false;
+        }
+        let held = |index: Index, term: Term| self.log.term_at(index) == Some(term);
+        match &message.body {
+            MessageBody::Heartbeat {
+                leader_commit,
+                read_seq: _,
+            } => *leader_commit <= self.commit,
+            MessageBody::Append {
+                prev_log_index,
+                prev_log_term,
+                entries,
+                leader_commit,
+            } => {
+                *leader_commit <= self.commit
+                    && held(*prev_log_index, *prev_log_term)
+                    && entries.iter().all(|e| held(e.index, e.term))
+            }
+            MessageBody::RequestVote { .. }
+            | MessageBody::RequestVoteResponse { .. }
+            | MessageBody::AppendResponse(_)
+            | MessageBody::HeartbeatResponse { .. }
+            | MessageBody::SnapshotChunk { .. }
+            | MessageBody::SnapshotChunkAck { .. }
+            | MessageBody::SnapshotResponse { .. }
+            | MessageBody::TimeoutNow
+            | MessageBody::Forward { .. }
+            | MessageBody::ForwardResponse { .. }
+            | MessageBody::Quiesce { .. }
+            | MessageBody::WakeUp => false,
+        }
     }
 
     /// Leaves the quiescent sub-state, with every timer running again. A

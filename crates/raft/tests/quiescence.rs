@@ -730,3 +730,120 @@ fn a_notice_that_does_not_match_is_refused() {
         (1, 3, 3, Some(2))
     );
 }
+
+/// Regression: a quiet leader woke on the answer to its last heartbeat
+/// round when that answer came after the notice, sent a heartbeat round,
+/// went quiet again and was woken by the next late answer: on a loaded
+/// host with 10,000 groups, thousands never stayed quiet. A late answer
+/// that shows the member where the notice assumed it is dropped; one that
+/// shows it behind still wakes the leader.
+#[test]
+fn a_late_answer_of_a_caught_up_follower_does_not_wake_a_quiet_leader() {
+    let (mut c, leader) = quiet_group();
+    let a = followers(leader)[0];
+    let term = c.raft(leader).term();
+    let last = c.raft(leader).last_index();
+    c.record = true;
+    let late_answers = [
+        MessageBody::HeartbeatResponse {
+            read_seq: 1,
+            last_index: last,
+            needs_append: false,
+        },
+        MessageBody::AppendResponse(ferry_raft::AppendResult::Success { match_index: last }),
+    ];
+    for body in late_answers {
+        c.step(leader, msg(a, leader, term, body.clone()));
+        assert!(c.raft(leader).is_quiescent(), "woken by {body:?}");
+        assert!(c.network.is_empty(), "{body:?} led to {:?}", c.sent_log);
+    }
+    tick_rounds(&mut c, 30);
+    assert!(c.sent_log.is_empty(), "a quiet group sent {:?}", c.sent_log);
+
+    // An answer showing the follower's log shorter than it acknowledged,
+    // or asking for an append, still wakes the leader.
+    let behind = [
+        MessageBody::HeartbeatResponse {
+            read_seq: 0,
+            last_index: last - 1,
+            needs_append: false,
+        },
+        MessageBody::HeartbeatResponse {
+            read_seq: 0,
+            last_index: last,
+            needs_append: true,
+        },
+    ];
+    for body in behind {
+        let (mut c, leader) = quiet_group();
+        let term = c.raft(leader).term();
+        let b = followers(leader)[1];
+        c.step(leader, msg(b, leader, term, body.clone()));
+        assert!(!c.raft(leader).is_quiescent(), "not woken by {body:?}");
+    }
+}
+
+/// A quiet follower answers a heartbeat or append of its leader that
+/// brings nothing new (a late copy of one sent before the notice, or a
+/// round of a leader awake for someone else) without waking; one that
+/// brings a higher commit index or an entry wakes it. Together with the
+/// rule above this is what keeps seed 286 (eight groups, quiescence on)
+/// from deposing a healthy leader.
+#[test]
+fn a_quiet_follower_answers_a_copy_of_an_old_leader_message_without_waking() {
+    let (mut c, leader) = quiet_group();
+    let a = followers(leader)[0];
+    let term = c.raft(a).term();
+    let last = c.raft(a).last_index();
+    let last_term = c.raft(a).term_at(last).unwrap();
+    let commit = c.raft(a).commit_index();
+    c.record = true;
+    let copies = [
+        MessageBody::Heartbeat {
+            leader_commit: commit,
+            read_seq: 7,
+        },
+        MessageBody::Append {
+            prev_log_index: last - 1,
+            prev_log_term: c.raft(a).term_at(last - 1).unwrap(),
+            entries: vec![Entry {
+                index: last,
+                term: last_term,
+                payload: c.raft(a).entry(last).unwrap().payload.clone(),
+            }],
+            leader_commit: commit,
+        },
+    ];
+    for body in copies {
+        c.sent_log.clear();
+        c.step(a, msg(leader, a, term, body.clone()));
+        assert!(c.raft(a).is_quiescent(), "woken by {body:?}");
+        assert!(
+            c.sent_log.iter().any(|m| m.to == leader
+                && matches!(
+                    m.body,
+                    MessageBody::HeartbeatResponse { .. } | MessageBody::AppendResponse(_)
+                )),
+            "{body:?} was not answered: {:?}",
+            c.sent_log
+        );
+    }
+
+    let (mut c, leader) = quiet_group();
+    let a = followers(leader)[0];
+    let term = c.raft(a).term();
+    let commit = c.raft(a).commit_index();
+    c.step(
+        a,
+        msg(
+            leader,
+            a,
+            term,
+            MessageBody::Heartbeat {
+                leader_commit: commit + 1,
+                read_seq: 7,
+            },
+        ),
+    );
+    assert!(!c.raft(a).is_quiescent(), "a higher commit index is news");
+}

@@ -14,7 +14,8 @@
 //! not lead a group forwards to the leader), then reads every counter
 //! linearizably: every node must see `3 × rounds` in each. With
 //! `--idle-seconds S` the nodes then sit idle for S seconds and report the
-//! CPU they used meanwhile (from /proc/self/stat). With COUNTER_PROGRESS=1
+//! CPU they used meanwhile (from /proc/self/stat) and the memory they hold
+//! (from /proc/self/status). With COUNTER_PROGRESS=1
 //! in the environment each node prints, while its groups elect, how many
 //! have a leader, and after 10 s what the leaderless ones look like;
 //! COUNTER_NO_QUIESCE=1 turns the engine's quiescence off, for comparison.
@@ -194,6 +195,22 @@ fn run_three(options: Options) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The memory this process holds now (its resident set), from /proc.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// CPU time this process used so far (user + system), from /proc.
 fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -232,6 +249,7 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
     if std::env::var_os("COUNTER_NO_QUIESCE").is_some() {
         config.engine.quiesce = false;
     }
+    let resident_before = resident_bytes();
     let host = NodeHost::start(config).await?;
     let started = Instant::now();
     let mut groups = Vec::with_capacity(options.groups as usize);
@@ -265,8 +283,16 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
                 .iter()
                 .filter(|g| g.view_with(|view| view.leader.is_some()))
                 .count();
+            let quiet = groups
+                .iter()
+                .filter(|g| g.view_with(|view| view.quiescent))
+                .count();
+            let syncs = host
+                .log_counters()
+                .syncs
+                .load(std::sync::atomic::Ordering::Relaxed);
             eprintln!(
-                "node {node}: {led} of {} groups have a leader after {:.1} s",
+                "node {node}: {led} of {} groups have a leader after {:.1} s ({quiet} quiet, {syncs} syncs so far)",
                 groups.len(),
                 started.elapsed().as_secs_f64()
             );
@@ -289,6 +315,22 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
                     }
                 }
                 eprintln!("node {node}: leaderless: {kinds:?}");
+                let sample: Vec<String> = groups
+                    .iter()
+                    .filter(|g| g.view_with(|view| view.leader.is_none()))
+                    .take(6)
+                    .map(|g| {
+                        let v = g.view();
+                        format!(
+                            "{}:{:?}/t{}/last{}",
+                            g.group(),
+                            v.role,
+                            v.term,
+                            v.last_index
+                        )
+                    })
+                    .collect();
+                eprintln!("node {node}: leaderless sample: {}", sample.join(" "));
             }
         }
     }
@@ -367,7 +409,9 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
     if options.idle_seconds > 0 {
         // Idle groups go quiet within a heartbeat interval or two.
         let started = Instant::now();
-        while groups.iter().any(|g| !g.view_with(|view| view.quiescent))
+        let quiesce = std::env::var_os("COUNTER_NO_QUIESCE").is_none();
+        while quiesce
+            && groups.iter().any(|g| !g.view_with(|view| view.quiescent))
             && started.elapsed() < Duration::from_secs(60)
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -391,6 +435,13 @@ async fn run_node(node: u64, options: Options) -> Result<(), Box<dyn std::error:
             groups.len(),
             cpu,
             100.0 * cpu / started.elapsed().as_secs_f64()
+        );
+        let resident = resident_bytes();
+        println!(
+            "memory: {:.1} MiB resident, {:.1} MiB more than before the host started: {:.1} KiB per group",
+            resident as f64 / 1048576.0,
+            resident.saturating_sub(resident_before) as f64 / 1048576.0,
+            resident.saturating_sub(resident_before) as f64 / 1024.0 / groups.len().max(1) as f64
         );
     }
     println!("done");

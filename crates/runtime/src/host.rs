@@ -225,14 +225,12 @@ impl NodeHost {
         let transport = Transport::start(transport_config, events_tx).await?;
         let peer_addr = transport.local_addr();
         let connected = Arc::new(Mutex::new(BTreeSet::new()));
-        let silence = config
-            .tick_interval
-            .saturating_mul(config.engine.election_timeout_ticks.max(1));
+        let silence_ticks = config.engine.election_timeout_ticks.max(1);
         tasks.push(tokio::spawn(route(
             events,
             workers.clone(),
             connected.clone(),
-            (config.tick_interval, silence),
+            (config.tick_interval, silence_ticks),
         )));
         let links = Arc::new(Links {
             transport: RwLock::new(transport),
@@ -521,9 +519,9 @@ async fn route(
     mut events: mpsc::Receiver<TransportEvent>,
     workers: Workers,
     connected: Arc<Mutex<BTreeSet<NodeId>>>,
-    (tick, silence): (Duration, Duration),
+    (tick, silence_ticks): (Duration, u32),
 ) {
-    let mut liveness = Liveness::default();
+    let mut liveness = Liveness::new(silence_ticks);
     let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
     // Silence is checked here, between events, so that a peer's groups hear
     // "gone" and "back" in the order its frames arrived.
@@ -536,7 +534,15 @@ async fn route(
                 None => break,
             },
             _ = ticker.tick() => {
-                report_silent(&mut liveness, &connected, silence, &workers).await;
+                let up: Vec<NodeId> = lock(&connected).iter().copied().collect();
+                // Frames waiting here were heard already, just not read yet.
+                let caught_up = events.is_empty();
+                for peer in liveness.tick(&up, caught_up) {
+                    tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
+                    workers
+                        .broadcast(|| WorkerInput::PeerDisconnected(peer))
+                        .await;
+                }
                 continue;
             }
         };
@@ -596,19 +602,55 @@ async fn route(
 /// which sent nothing for an election timeout as disconnected to every
 /// group; the first frame it sends again reports it connected. Kept by the
 /// router task alone.
-#[derive(Default)]
+///
+/// Silence is counted in the router's own ticks, and only in those it
+/// starts with nothing left to read: a router that was held up (its
+/// workers' queues full, its threads busy) has the peer's frames waiting
+/// and must not take its own delay for the peer's silence. It did: under
+/// load, thousands of quiet groups heard their leaders' node was gone,
+/// woke at once, and the work of waking kept the router behind.
 struct Liveness {
-    /// When each peer was last heard from.
-    last_heard: BTreeMap<NodeId, std::time::Instant>,
+    /// Ticks each peer whose link is up has been silent while the router
+    /// was caught up.
+    silent_ticks: BTreeMap<NodeId, u32>,
     /// Peers reported silent to the groups.
     silent: BTreeSet<NodeId>,
+    /// After how many such ticks a peer is reported silent.
+    silence_ticks_max: u32,
 }
 
 impl Liveness {
+    fn new(silence_ticks_max: u32) -> Liveness {
+        Liveness {
+            silent_ticks: BTreeMap::new(),
+            silent: BTreeSet::new(),
+            silence_ticks_max: silence_ticks_max.max(1),
+        }
+    }
+
     /// Records a frame from `peer`; true if it had been reported silent.
     fn heard(&mut self, peer: NodeId) -> bool {
-        self.last_heard.insert(peer, std::time::Instant::now());
+        self.silent_ticks.insert(peer, 0);
         self.silent.remove(&peer)
+    }
+
+    /// One tick of the router, with the peers whose link is `up` and
+    /// whether the router had read every frame that arrived (`caught_up`).
+    /// Returns the peers that are now silent, each reported once.
+    fn tick(&mut self, up: &[NodeId], caught_up: bool) -> Vec<NodeId> {
+        self.silent_ticks.retain(|peer, _| up.contains(peer));
+        if !caught_up {
+            return Vec::new();
+        }
+        let mut newly_silent = Vec::new();
+        for &peer in up {
+            let ticks = self.silent_ticks.entry(peer).or_insert(0);
+            *ticks = ticks.saturating_add(1);
+            if *ticks > self.silence_ticks_max && self.silent.insert(peer) {
+                newly_silent.push(peer);
+            }
+        }
+        newly_silent
     }
 }
 
@@ -633,34 +675,6 @@ async fn send_keepalives(me: NodeId, tick: Duration, links: Arc<Links>) {
             };
             links.send(peer, crate::transport::encode_message(&keepalive));
         }
-    }
-}
-
-/// Reports to every group the peers whose link is up but which sent
-/// nothing for `silence` (see [`Liveness`]).
-async fn report_silent(
-    liveness: &mut Liveness,
-    connected: &Mutex<BTreeSet<NodeId>>,
-    silence: Duration,
-    workers: &Workers,
-) {
-    let now = std::time::Instant::now();
-    let up: Vec<NodeId> = lock(connected).iter().copied().collect();
-    let newly_silent: Vec<NodeId> = up
-        .into_iter()
-        .filter(|peer| {
-            let quiet = liveness
-                .last_heard
-                .get(peer)
-                .is_none_or(|at| now.saturating_duration_since(*at) > silence);
-            quiet && liveness.silent.insert(*peer)
-        })
-        .collect();
-    for peer in newly_silent {
-        tracing::info!(peer = %Hex(peer), "a peer node sent nothing for an election timeout; its groups are told it is gone");
-        workers
-            .broadcast(|| WorkerInput::PeerDisconnected(peer))
-            .await;
     }
 }
 
@@ -790,5 +804,55 @@ impl<M: StateMachine> GroupHandle<M> {
             return Err(GroupError::NotRunning { group });
         }
         answer.await.map_err(|_| GroupError::NotRunning { group })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Liveness;
+
+    #[test]
+    fn a_peer_silent_for_an_election_timeout_is_reported_once_and_back_when_heard() {
+        let mut liveness = Liveness::new(3);
+        liveness.heard(2);
+        for _ in 0..3 {
+            assert!(liveness.tick(&[2], true).is_empty());
+        }
+        assert_eq!(liveness.tick(&[2], true), vec![2]);
+        assert!(liveness.tick(&[2], true).is_empty(), "reported once");
+        assert!(liveness.heard(2), "back once heard");
+        assert!(!liveness.heard(2));
+        assert!(liveness.tick(&[2], true).is_empty());
+    }
+
+    /// Regression: silence was measured in wall-clock time since the router
+    /// last read a frame, so a router held up behind its own queue took its
+    /// delay for every peer's silence, and thousands of quiet groups woke at
+    /// once (10,000 groups per node on a loaded machine never all elected).
+    #[test]
+    fn ticks_the_router_starts_behind_its_frames_do_not_count_as_silence() {
+        let mut liveness = Liveness::new(3);
+        liveness.heard(2);
+        for _ in 0..100 {
+            assert!(liveness.tick(&[2], false).is_empty());
+        }
+        for _ in 0..3 {
+            assert!(liveness.tick(&[2], true).is_empty());
+        }
+        assert_eq!(liveness.tick(&[2], true), vec![2]);
+    }
+
+    #[test]
+    fn a_peer_whose_link_went_down_starts_counting_again_when_it_is_back() {
+        let mut liveness = Liveness::new(2);
+        liveness.heard(3);
+        liveness.tick(&[3], true);
+        liveness.tick(&[3], true);
+        // The link drops: the transport reports that itself.
+        assert!(liveness.tick(&[], true).is_empty());
+        // Back up and never heard: a full silence again before a report.
+        assert!(liveness.tick(&[3], true).is_empty());
+        assert!(liveness.tick(&[3], true).is_empty());
+        assert_eq!(liveness.tick(&[3], true), vec![3]);
     }
 }

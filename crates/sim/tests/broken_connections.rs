@@ -84,3 +84,19 @@ fn seed_871_with_eight_groups_and_quiescence_passes() {
     }
     assert!(report.quiesce && report.quiesce_notices > 0);
 }
+
+/// Found while making a quiet leader drop the late answers of its caught-up
+/// followers (they had woken it forever on a loaded host): eight groups,
+/// quiescence on. A follower went quiet on the notice, then got a delayed
+/// copy of an append its leader had sent before the notice, woke with its
+/// election timer running, and its answers no longer woke the quiet
+/// leader: it campaigned and deposed a healthy leader, again and again.
+/// A quiet follower now answers such a copy without waking.
+#[test]
+fn seed_286_with_eight_groups_and_quiescence_passes() {
+    let report = run_seed_in_groups_with(286, None, 8, false, QuiesceMode::On);
+    if let Some(failure) = &report.failure {
+        panic!("{failure}\nreplay: ferry sim --seed 286 --groups 8 --quiesce on --trace");
+    }
+    assert!(report.quiesce && report.quiesce_notices > 0);
+}
