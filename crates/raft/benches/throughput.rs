@@ -80,7 +80,9 @@ impl Group {
                 Action::Respond { result, .. } => {
                     let _ = black_box(result);
                 }
+                // No follower lags in this benchmark: nothing is loaded.
                 Action::LoadSnapshotChunk { .. }
+                | Action::LoadEntries { .. }
                 | Action::SaveSnapshotChunk { .. }
                 | Action::Compact { .. }
                 | Action::RoleChanged { .. }

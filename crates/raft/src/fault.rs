@@ -104,6 +104,28 @@ pub enum Fault {
         /// spends one more probe round).
         certain: bool,
     },
+    /// (On the leader.) Entries that storage returned for a follower (the
+    /// answer to [`crate::Action::LoadEntries`]) do not fit the log: an
+    /// index out of the range asked for or out of order, a term that
+    /// differs from the log's term there, or a configuration entry where
+    /// the log has none (or the reverse). Storage is damaged or the runtime
+    /// answered another request. Nothing of it is sent; the leader asks
+    /// again with the next heartbeat round (so a storage that keeps failing
+    /// is reported once a round).
+    #[error(
+        "storage returned entries for follower {peer:x} (asked from index {from}) that do not \
+         fit the log at index {index}: {reason}; asking again with the next heartbeat"
+    )]
+    LoadedEntriesInvalid {
+        /// The follower they were for.
+        peer: NodeId,
+        /// The first index asked for.
+        from: Index,
+        /// Where they do not fit.
+        index: Index,
+        /// How.
+        reason: &'static str,
+    },
 }
 
 /// Checks every term and index in `message` against the limits.

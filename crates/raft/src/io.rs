@@ -51,6 +51,20 @@ pub enum Input {
         /// its latest snapshot).
         chunk: Option<(Bytes, bool)>,
     },
+    /// The answer to [`Action::LoadEntries`].
+    EntriesLoaded {
+        /// The follower the entries are for (echoed from the action).
+        to: NodeId,
+        /// The leader's term when it asked (echoed from the action).
+        term: Term,
+        /// The first index asked for (echoed from the action).
+        from: Index,
+        /// The entries from `from` on, consecutive, at most through the
+        /// action's `through` (at least one if any), or `None` if storage
+        /// no longer holds `from` (compacted): the leader then sends its
+        /// snapshot. A failed read may also answer `None`.
+        entries: Option<Vec<Entry>>,
+    },
     /// The answer to [`Action::SaveSnapshotChunk`]. For the last chunk, this
     /// means the snapshot is installed: the state machine restored from it
     /// and the log in storage reset to its index, durably.
@@ -105,6 +119,24 @@ pub enum Action {
         /// Where the chunk starts.
         offset: u64,
         /// The most bytes the chunk may hold.
+        max_bytes: u64,
+    },
+    /// (On the leader.) Read log entries `from..=through` from storage, up
+    /// to about `max_bytes` of them (at least one), for sending to `to`,
+    /// and report them with [`Input::EntriesLoaded`]. Asked for entries the
+    /// log no longer holds in memory (see `Options::log_memory_bytes_max`);
+    /// they are all durable. At most one is outstanding per follower; an
+    /// answer that never comes is made up for by the next probe.
+    LoadEntries {
+        /// The follower.
+        to: NodeId,
+        /// The leader's term.
+        term: Term,
+        /// The first index to read.
+        from: Index,
+        /// The last index that may be read.
+        through: Index,
+        /// The most entry bytes to read (at least one entry is read).
         max_bytes: u64,
     },
     /// Save a received snapshot chunk (and on the last one, install the

@@ -8,10 +8,10 @@ use crate::fault::Fault;
 use crate::io::Action;
 use crate::message::{AppendResult, MessageBody, SnapshotOutcome, COMMIT_NOTICE_READ_SEQ};
 use crate::node::{LeaderState, RaftNode, RoleState, Transfer, ROUNDS_REMEMBERED_MAX};
-use crate::progress::{Progress, ReplicationState, SnapshotTransfer};
+use crate::progress::{EntriesLoad, Progress, ReplicationState, SnapshotTransfer};
 use crate::quorum::{committed_index, is_quorum};
 use crate::request::{RequestError, Response};
-use crate::types::{Entry, EntryPayload, Index, NodeId};
+use crate::types::{Entry, EntryPayload, Index, NodeId, Term};
 
 /// Snapshot chunk timeouts in a row, without any progress, after which the
 /// leader abandons the transfer and probes the follower afresh.
@@ -82,7 +82,10 @@ impl RaftNode {
     }
 
     /// Sends `peer` what it needs next, if its state allows: entries from
-    /// its next index, or (when those are compacted) a snapshot.
+    /// its next index, or (when those are compacted) a snapshot. Entries
+    /// whose bodies were evicted from memory are loaded from storage first
+    /// ([`Action::LoadEntries`], one load at a time per follower) and sent
+    /// when they come back (`handle_entries_loaded`).
     pub(crate) fn send_append(
         &mut self,
         peer: NodeId,
@@ -90,7 +93,8 @@ impl RaftNode {
         actions: &mut Vec<Action>,
     ) {
         let last = self.log.last_index();
-        let commit = self.commit;
+        let held_first = self.log.held_first_index();
+        let term = self.term;
         let (messages_max, bytes_max, append_max) = (
             self.options.inflight_messages_max,
             self.options.inflight_bytes_max,
@@ -112,12 +116,46 @@ impl RaftNode {
             }
             ReplicationState::Probe { paused: false } => append_max,
         };
+        if progress.loading.is_some() {
+            // Its next entries are being loaded; they go out when they come.
+            return;
+        }
         let next = progress.next_index;
         let prev = next - 1;
         let Some(prev_term) = self.log.term_at(prev) else {
             self.start_snapshot(peer, actions);
             return;
         };
+        if next <= last && next < held_first {
+            // Evicted from memory (durable, so storage has them unless a
+            // snapshot compacted them since: then the answer is None).
+            let load = EntriesLoad {
+                from: next,
+                through: held_first - 1,
+                max_bytes: append_max.min(remaining_bytes),
+            };
+            let Some(progress) = self
+                .leader_state_mut()
+                .and_then(|s| s.progress.get_mut(&peer))
+            else {
+                return;
+            };
+            progress.loading = Some(load);
+            if let ReplicationState::Probe { paused } = &mut progress.state {
+                // Like the probe it stands for: the next heartbeat round
+                // unpauses and forgets it, so that a lost answer is asked
+                // for again.
+                *paused = true;
+            }
+            actions.push(Action::LoadEntries {
+                to: peer,
+                term,
+                from: load.from,
+                through: load.through,
+                max_bytes: load.max_bytes,
+            });
+            return;
+        }
         let entries = if next <= last {
             self.log.slice(next, last, append_max.min(remaining_bytes))
         } else {
@@ -126,6 +164,20 @@ impl RaftNode {
         if entries.is_empty() && !send_if_empty {
             return;
         }
+        self.send_entries(peer, prev, prev_term, entries, actions);
+    }
+
+    /// Sends `peer` an append of `entries` after (`prev`, `prev_term`) and
+    /// records it (in the window when replicating, as the probe otherwise).
+    fn send_entries(
+        &mut self,
+        peer: NodeId,
+        prev: Index,
+        prev_term: Term,
+        entries: Vec<Entry>,
+        actions: &mut Vec<Action>,
+    ) {
+        let commit = self.commit;
         let sent_bytes: u64 = entries.iter().map(Entry::size_bytes).sum();
         let last_sent = prev + entries.len() as u64;
         let Some(state) = self.leader_state_mut() else {
@@ -158,6 +210,106 @@ impl RaftNode {
         );
     }
 
+    /// The answer to a [`Action::LoadEntries`]: entries for `to` from
+    /// `from` on, or `None` if storage no longer has them. Used only if it
+    /// answers the load outstanding for `to` in this term and the follower
+    /// still needs exactly those; checked against the log's terms and
+    /// configurations (a mismatch is a fault of storage: nothing is sent,
+    /// and the next heartbeat round asks again). `None` sends the snapshot
+    /// if it covers `from`, and otherwise (a failed read) asks again with
+    /// the next heartbeat round.
+    pub(crate) fn handle_entries_loaded(
+        &mut self,
+        to: NodeId,
+        term: Term,
+        from: Index,
+        entries: Option<Vec<Entry>>,
+        actions: &mut Vec<Action>,
+    ) {
+        if term != self.term {
+            return; // asked by an earlier leadership
+        }
+        let Some(progress) = self
+            .leader_state_mut()
+            .and_then(|s| s.progress.get_mut(&to))
+        else {
+            return; // not leading, or no longer a member
+        };
+        let Some(load) = progress.loading.filter(|load| load.from == from) else {
+            return; // not the load outstanding: superseded or duplicated
+        };
+        progress.loading = None;
+        let still_needed = progress.next_index == from
+            && match progress.state {
+                ReplicationState::Replicate | ReplicationState::Probe { .. } => true,
+                ReplicationState::Snapshot(_) => false,
+            };
+        if !still_needed {
+            // The follower moved on (its answer came first): send what it
+            // needs now.
+            self.send_append(to, false, actions);
+            return;
+        }
+        let Some(mut entries) = entries else {
+            if self.log.snapshot().index >= from {
+                // Storage no longer has them (compacted), or cannot read
+                // them: the snapshot covers them.
+                self.start_snapshot(to, actions);
+            } else {
+                // No snapshot covers them, so storage must have them: a
+                // failed read. Ask again with the next heartbeat round.
+                self.retry_load_at_heartbeat(to);
+            }
+            return;
+        };
+        let prev = from - 1;
+        let Some(prev_term) = self.log.term_at(prev) else {
+            // A snapshot compacted them while they were read: it covers them.
+            self.start_snapshot(to, actions);
+            return;
+        };
+        if let Err(mismatch) = self.log.check_loaded(from, load.through, &entries) {
+            actions.push(Action::Fault(Fault::LoadedEntriesInvalid {
+                peer: to,
+                from,
+                index: mismatch.index,
+                reason: mismatch.reason,
+            }));
+            // Nothing of it is sent. The next heartbeat round asks again:
+            // a storage that keeps answering wrongly costs one load and one
+            // report per round, not a storm.
+            self.retry_load_at_heartbeat(to);
+            return;
+        }
+        // Keep to what the window allowed when the load was asked for.
+        let mut bytes = 0u64;
+        let keep = entries
+            .iter()
+            .take_while(|e| {
+                bytes = bytes.saturating_add(e.size_bytes());
+                bytes <= load.max_bytes
+            })
+            .count()
+            .max(1);
+        entries.truncate(keep);
+        self.send_entries(to, prev, prev_term, entries, actions);
+        // Replicating: the window may take the next batch (loaded or held).
+        self.send_append(to, false, actions);
+    }
+
+    /// A load for `peer` failed: probe it, paused until the next heartbeat
+    /// round (which unpauses it, and its answer asks again), as after a
+    /// probe that got no answer.
+    fn retry_load_at_heartbeat(&mut self, peer: NodeId) {
+        if let Some(progress) = self
+            .leader_state_mut()
+            .and_then(|s| s.progress.get_mut(&peer))
+        {
+            progress.become_probe();
+            progress.state = ReplicationState::Probe { paused: true };
+        }
+    }
+
     /// Starts a heartbeat round: every peer is asked to confirm this
     /// leadership; the answers confirm pending reads and renew the lease.
     pub(crate) fn broadcast_heartbeat(&mut self, actions: &mut Vec<Action>) -> u64 {
@@ -176,9 +328,10 @@ impl RaftNode {
         let mut sends = Vec::new();
         for (&peer, progress) in state.progress.iter_mut() {
             if let ReplicationState::Probe { paused } = &mut progress.state {
-                // The probe may have been lost: the heartbeat answer will
-                // trigger the next one.
+                // The probe (or the load it waits for) may have been lost:
+                // the heartbeat answer will trigger the next one.
                 *paused = false;
+                progress.loading = None;
             }
             let leader_commit = commit.min(progress.match_index);
             progress.commit_sent = progress.commit_sent.max(leader_commit);

@@ -42,6 +42,38 @@
 //!   skips entries at or below its snapshot). [`RestoredState::entries`]
 //!   may start at or before the snapshot index; entries it covers are
 //!   skipped.
+//! * **Memory bound on the log**, independent of snapshots: the log holds
+//!   at most `Options::log_memory_bytes_max` bytes and
+//!   `log_memory_entries_max` entries of *settled* entries (durable here
+//!   and already handed out in [`Action::Apply`]); older settled bodies are
+//!   evicted and live only in storage. Entries not yet durable or not yet
+//!   applied always stay (the engine must still hand them to storage or
+//!   the state machine, and storage may not have them to give back). An
+//!   evicted entry is still part of the log: the log keeps the first index
+//!   of each term (term runs) and every configuration entry, so term
+//!   lookups, conflict checks, append hints, commit-term checks and
+//!   configuration lookups cover the whole log. When a follower needs
+//!   evicted entries the leader emits [`Action::LoadEntries`] (at most one
+//!   per follower at a time) and sends them when [`Input::EntriesLoaded`]
+//!   brings them, after checking them against its term runs and
+//!   configurations (a mismatch is [`Fault::LoadedEntriesInvalid`]; nothing
+//!   is sent and the next heartbeat round asks again) and that the answer
+//!   is for this term and the follower's current next index (otherwise it
+//!   is dropped). `None` (storage compacted them) sends the snapshot if it
+//!   covers them, else (a failed read) the next heartbeat round asks again. A
+//!   lost answer is asked for again as a lost probe is resent: in probe
+//!   the next heartbeat round forgets the load, in replicate a stalled
+//!   follower goes back to probe.
+//! * **Restart** needs the bodies only from the applied point on: with a
+//!   [`LogOutline`] (last index, term runs, configuration entries of the
+//!   whole log) in [`RestoredState::outline`], `entries` may be the tail
+//!   after `applied` (those are applied again on start, so they must be at
+//!   hand; the engine refuses a tail that starts later). A runtime with an
+//!   in-memory state machine restores it from its snapshot and so passes
+//!   the log after the snapshot, which the bound trims once applied; a
+//!   durable state machine passes only what it has not applied. There is no
+//!   load for applying: an [`Action::Apply`] always carries bodies the
+//!   engine holds, so it is carried out in order like any other action.
 //! * **Configuration** changes take effect when committed (etcd style); at
 //!   most one is uncommitted; voter changes go through a joint configuration
 //!   and the leader appends the leave-joint entry itself once the joint one
@@ -309,21 +341,21 @@
 //! `persist` = a persist request; `held` = the request waits (for a leader,
 //! for a quorum round or for apply, always with a deadline);
 //! `become:R` = role change; `save-chunk` / `load-chunk` / `compact` =
-//! snapshot storage actions; `-` = nothing to do (see the notes below).
+//! snapshot storage actions; `load-entries` = a load of evicted entries; `-` = nothing to do (see the notes below).
 //!
-//! | role / sub-state | RequestVote (newer term) | pre-vote RequestVote | RequestVoteResponse (granted) | Append | AppendResponse (success) | Heartbeat | HeartbeatResponse | SnapshotChunk (first) | SnapshotChunkAck | SnapshotResponse (installed) | TimeoutNow | Forward (proposal) | ForwardResponse (unknown id) | Quiesce | WakeUp | any message from an older term | Propose | Read Linearizable | Read Lease | Read Local | Read Local (min_applied ahead) | ChangeMembership | TransferLeadership | Campaign | Status | Tick | Persisted | SnapshotBuilt | SnapshotChunkLoaded | SnapshotChunkSaved | PeerConnected | PeerDisconnected |
-//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-//! | follower | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `persist send:RequestVote become:Candidate` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `send:PreVote ok:Campaign(Started) become:PreCandidate` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | follower quiescent | `send:WakeUp wake` | `send:PreVoteRefused send:WakeUp wake` | `send:WakeUp wake` | `persist send:AppendOk wake` | `wake` | `send:HeartbeatResponse` | `wake` | `save-chunk wake` | `wake` | `wake` | `persist send:RequestVote become:Candidate wake` | `send:ForwardErr:NotLeader send:WakeUp wake` | `wake` | `-` | `wake` | `send:HeartbeatResponse wake` | `send:Forward wake held` | `send:Forward wake held` | `err:NotLeader` | `ok:ReadReady` | `send:WakeUp wake held` | `send:Forward wake held` | `send:Forward wake held` | `send:PreVote ok:Campaign(Started) become:PreCandidate wake` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `wake` |
-//! | follower receiving snapshot | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(ReceivingSnapshot)` | `ok:Status` | `-` | `-` | `compact` | `-` | `send:ChunkAck` | `-` | `-` |
-//! | pre-candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `-` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:PreVote` | `-` |
-//! | candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `send:Append persist become:Leader` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:RequestVote` | `-` |
-//! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
-//! | leader quiescent | `send:Heartbeat wake` | `send:PreVoteRefused send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `-` | `send:Heartbeat wake` | `-` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Append send:Heartbeat wake` | `send:Heartbeat wake` | `send:ForwardOk send:Append send:Heartbeat persist wake` | `send:Heartbeat wake` | `-` | `send:Append send:Heartbeat wake` | `send:HeartbeatResponse send:Heartbeat wake` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:Heartbeat wake held` | `send:Heartbeat wake held` | `ok:ReadReady` | `send:Heartbeat wake held` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:TimeoutNow ok:TransferStarted send:Heartbeat wake` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `send:Append send:Heartbeat wake` | `-` |
-//! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `send:Append` | `-` |
-//! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(NotVoter)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | removed | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` |
-//! | halted | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `ok:Status` | `-` | `-` | `-` | `-` | `-` | `-` | `-` |
+//! | role / sub-state | RequestVote (newer term) | pre-vote RequestVote | RequestVoteResponse (granted) | Append | AppendResponse (success) | Heartbeat | HeartbeatResponse | SnapshotChunk (first) | SnapshotChunkAck | SnapshotResponse (installed) | TimeoutNow | Forward (proposal) | ForwardResponse (unknown id) | Quiesce | WakeUp | any message from an older term | Propose | Read Linearizable | Read Lease | Read Local | Read Local (min_applied ahead) | ChangeMembership | TransferLeadership | Campaign | Status | Tick | Persisted | SnapshotBuilt | SnapshotChunkLoaded | SnapshotChunkSaved | EntriesLoaded | PeerConnected | PeerDisconnected |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+//! | follower | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `persist send:RequestVote become:Candidate` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `send:PreVote ok:Campaign(Started) become:PreCandidate` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` | `-` |
+//! | follower quiescent | `send:WakeUp wake` | `send:PreVoteRefused send:WakeUp wake` | `send:WakeUp wake` | `persist send:AppendOk wake` | `wake` | `send:HeartbeatResponse` | `wake` | `save-chunk wake` | `wake` | `wake` | `persist send:RequestVote become:Candidate wake` | `send:ForwardErr:NotLeader send:WakeUp wake` | `wake` | `-` | `wake` | `send:HeartbeatResponse wake` | `send:Forward wake held` | `send:Forward wake held` | `err:NotLeader` | `ok:ReadReady` | `send:WakeUp wake held` | `send:Forward wake held` | `send:Forward wake held` | `send:PreVote ok:Campaign(Started) become:PreCandidate wake` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` | `wake` |
+//! | follower receiving snapshot | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(ReceivingSnapshot)` | `ok:Status` | `-` | `-` | `compact` | `-` | `send:ChunkAck` | `-` | `-` | `-` |
+//! | pre-candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `-` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `send:PreVote` | `-` |
+//! | candidate | `persist send:VoteGranted become:Follower` | `send:PreVoteGranted` | `send:Append persist become:Leader` | `persist send:AppendOk become:Follower` | `-` | `send:HeartbeatResponse become:Follower` | `-` | `save-chunk become:Follower` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp become:Follower` | `-` | `send:HeartbeatResponse` | `held` | `held` | `err:NotLeader` | `ok:ReadReady` | `held` | `held` | `held` | `ok:Campaign(AlreadyCampaigning)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `send:RequestVote` | `-` |
+//! | leader | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardOk send:Append persist` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `ok:Proposed send:Append persist` | `send:Heartbeat held` | `ok:ReadReady` | `ok:ReadReady` | `held` | `ok:Proposed send:Append persist` | `send:Append ok:TransferStarted` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `-` | `send:Append` | `-` |
+//! | leader quiescent | `send:Heartbeat wake` | `send:PreVoteRefused send:Heartbeat wake` | `send:Heartbeat wake` | `send:Heartbeat wake` | `-` | `send:Heartbeat wake` | `-` | `send:Heartbeat wake` | `send:Heartbeat wake` | `send:Append send:Heartbeat wake` | `send:Heartbeat wake` | `send:ForwardOk send:Append send:Heartbeat persist wake` | `send:Heartbeat wake` | `-` | `send:Append send:Heartbeat wake` | `send:HeartbeatResponse send:Heartbeat wake` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:Heartbeat wake held` | `send:Heartbeat wake held` | `ok:ReadReady` | `send:Heartbeat wake held` | `ok:Proposed send:Append send:Heartbeat persist wake` | `send:TimeoutNow ok:TransferStarted send:Heartbeat wake` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `send:Append send:Heartbeat wake` | `-` |
+//! | leader transferring | `-` | `send:PreVoteRefused` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `send:Append` | `-` | `send:ForwardErr:TransferInProgress` | `-` | `-` | `send:Append` | `send:HeartbeatResponse` | `err:TransferInProgress` | `send:Heartbeat held` | `send:Heartbeat held` | `ok:ReadReady` | `held` | `err:TransferInProgress` | `err:TransferInProgress` | `ok:Campaign(AlreadyLeader)` | `ok:Status` | `send:Heartbeat` | `-` | `compact` | `-` | `-` | `-` | `send:Append` | `-` |
+//! | learner | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `send:Forward held` | `send:Forward held` | `err:NotLeader` | `ok:ReadReady` | `held` | `send:Forward held` | `send:Forward held` | `err:CannotCampaign(NotVoter)` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` | `-` |
+//! | removed | `-` | `send:PreVoteRefused` | `-` | `persist send:AppendOk` | `-` | `send:HeartbeatResponse` | `-` | `save-chunk` | `-` | `-` | `-` | `send:ForwardErr:NotLeader` | `-` | `send:WakeUp` | `-` | `send:HeartbeatResponse` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `err:Removed` | `ok:Status` | `-` | `-` | `compact` | `-` | `-` | `-` | `-` | `-` |
+//! | halted | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `err:Halted` | `ok:Status` | `-` | `-` | `-` | `-` | `-` | `-` | `-` | `-` |
 //!
 //! Notes on the `-` cells (inputs that need no action, and why that is safe):
 //!
@@ -353,6 +385,9 @@
 //!   requests are refused with it; answers and `TimeoutNow` of an older
 //!   term are dropped (their sender has moved on); `Forward` and
 //!   `ForwardResponse` are client traffic and handled whatever their term.
+//! * `EntriesLoaded` with no load outstanding for that follower, term and
+//!   index (in every row: no follower lags behind the memory bound there)
+//!   is a stale answer: the load was superseded, or the leadership ended.
 //! * `Tick` only advances timers unless one fires. `Persisted` for a seq
 //!   already durable, `SnapshotChunkLoaded` for a transfer that has moved on
 //!   and `SnapshotChunkSaved` for a chunk not being saved are stale
@@ -429,5 +464,6 @@ pub use request::{
     RequestId, Response, Role, Status,
 };
 pub use types::{
-    Entry, EntryPayload, GroupId, HardState, Index, NodeId, RestoredState, SnapshotMeta, Term,
+    Entry, EntryPayload, GroupId, HardState, Index, LogOutline, NodeId, RestoredState,
+    SnapshotMeta, Term,
 };

@@ -1,6 +1,7 @@
 //! The in-memory Raft log: the entries after the last compaction point, with
-//! conflict detection, term lookup, compaction and tracking of which entries
-//! have been handed to storage and which are known durable.
+//! conflict detection, term lookup, compaction, tracking of which entries
+//! have been handed to storage and which are known durable, and the memory
+//! bound (settled entries' bodies beyond it are evicted to storage).
 //!
 //! The log keeps the entries after its *boundary* (the last compacted index
 //! and its term). The boundary trails the latest snapshot by
@@ -9,7 +10,7 @@
 use std::collections::VecDeque;
 
 use crate::membership::Configuration;
-use crate::types::{Entry, EntryPayload, Index, SnapshotMeta, Term};
+use crate::types::{Entry, EntryPayload, Index, LogOutline, SnapshotMeta, Term};
 
 /// Why an append from a leader did not fit the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +39,49 @@ pub enum AppendError {
     },
 }
 
+/// Why entries loaded from storage do not fit the log (see
+/// [`RaftLog::check_loaded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadedMismatch {
+    /// Where.
+    pub index: Index,
+    /// How.
+    pub reason: &'static str,
+}
+
 /// The in-memory log of one node.
+///
+/// The log is every entry after its *boundary* (`first_index..=last_index`).
+/// Of these, the bodies of a prefix may be *evicted*: entries that are
+/// settled (durable here and handed out to be applied) beyond the memory
+/// bound live only in storage. The log still knows the term of every entry
+/// (from term runs: the first index of each term) and every configuration
+/// entry, so term lookups, conflict checks, hints and configuration lookups
+/// work on the whole log; only the bodies of `first_index..held_first_index`
+/// must be loaded from storage.
+///
+/// Invariants (checked by [`RaftLog::assert_invariants`]):
+/// * `boundary_index < held_from <= last_index + 1`; `entries` holds
+///   `held_from..=last_index`, consecutive.
+/// * `term_runs` covers `boundary_index + 1..=last_index`: empty iff the log
+///   is, the first run starts at `boundary_index + 1`, indexes and terms
+///   strictly ascending, terms not below `boundary_term`.
+/// * `configs` holds exactly the configuration entries after the boundary.
+/// * `held_bytes` is the size of `entries`; `settled_bytes` that of the held
+///   entries at or below `settled_through`, with
+///   `held_from - 1 <= settled_through <= min(durable_index, last_index)`.
 #[derive(Clone, Debug)]
 pub struct RaftLog {
-    /// Entries after `boundary_index`, consecutive.
+    /// Bodies of `held_from..=last_index`, consecutive.
     entries: VecDeque<Entry>,
-    /// The last index no longer held in `entries` (compacted or covered by a snapshot).
+    /// The index of `entries[0]` (`last_index + 1` when none is held).
+    held_from: Index,
+    /// `(first index, term)` of each run of one term after the boundary.
+    term_runs: VecDeque<(Index, Term)>,
+    /// The configuration entries after the boundary, ascending, so the
+    /// configuration at an index is known without the entries' bodies.
+    configs: VecDeque<(Index, Configuration)>,
+    /// The last index no longer part of the log (compacted or covered by a snapshot).
     boundary_index: Index,
     /// The term of the entry at `boundary_index`.
     boundary_term: Term,
@@ -55,14 +93,25 @@ pub struct RaftLog {
     persist_from: Index,
     /// Every entry up to here is known durable.
     durable_index: Index,
-    /// Indexes of the config entries held in `entries`, ascending, so the
-    /// configuration at an index is found without scanning the log.
-    config_indexes: VecDeque<Index>,
+    /// The size of the held entries.
+    held_bytes: u64,
+    /// Held entries up to here are settled (durable and applied): they may
+    /// be evicted.
+    settled_through: Index,
+    /// The size of the held settled entries.
+    settled_bytes: u64,
 }
 
 impl RaftLog {
-    /// A log restored from a snapshot and the synced entries after it.
-    pub fn restore(snapshot: SnapshotMeta, mut entries: Vec<Entry>) -> Result<Self, String> {
+    /// A log restored from a snapshot and the synced entries after it. With
+    /// an `outline` (the shape of the whole log), `entries` may be only a
+    /// tail of the log ending at its last index: the entries before it are
+    /// evicted from the start (their bodies are in storage).
+    pub fn restore(
+        snapshot: SnapshotMeta,
+        mut entries: Vec<Entry>,
+        outline: Option<LogOutline>,
+    ) -> Result<Self, String> {
         // Entries the snapshot covers (kept by storage for the compaction
         // lag) are not needed to restart.
         let covered = entries
@@ -70,47 +119,139 @@ impl RaftLog {
             .take_while(|e| e.index <= snapshot.index)
             .count();
         entries.drain(..covered);
-        let mut expected = snapshot.index + 1;
-        for entry in &entries {
-            if entry.index != expected {
+        let outline = match outline {
+            Some(outline) => outline,
+            None => {
+                if let Some(first) = entries.first() {
+                    if first.index != snapshot.index + 1 {
+                        return Err(format!(
+                            "log entry index {} found where index {} was expected (the log must follow the snapshot at {} without gaps)",
+                            first.index,
+                            snapshot.index + 1,
+                            snapshot.index
+                        ));
+                    }
+                }
+                let mut outline = LogOutline::of(&entries);
+                outline.last_index = outline.last_index.max(snapshot.index);
+                outline
+            }
+        };
+        let last = outline.last_index;
+        if last < snapshot.index {
+            return Err(format!(
+                "the log ends at {last}, before the snapshot at {}",
+                snapshot.index
+            ));
+        }
+        // Term runs clipped to start just after the snapshot.
+        let mut term_runs: VecDeque<(Index, Term)> = VecDeque::new();
+        if last > snapshot.index {
+            let first = snapshot.index + 1;
+            let starting = outline
+                .term_runs
+                .iter()
+                .take_while(|&&(index, _)| index <= first)
+                .last()
+                .map(|&(_, term)| term);
+            let Some(first_term) = starting else {
                 return Err(format!(
-                    "log entry index {} found where index {} was expected (the log must follow the snapshot at {} without gaps)",
-                    entry.index, expected, snapshot.index
+                    "the log's term runs do not cover index {first}, the first after the snapshot"
+                ));
+            };
+            term_runs.push_back((first, first_term));
+            for &(index, term) in outline.term_runs.iter().filter(|(i, _)| *i > first) {
+                if index > last {
+                    return Err(format!(
+                        "a term run starts at {index}, after the log's last index {last}"
+                    ));
+                }
+                if term_runs.back().is_some_and(|&(_, t)| t >= term) {
+                    return Err(format!(
+                        "term runs out of order: term {term} at {index} does not follow a lower term"
+                    ));
+                }
+                term_runs.push_back((index, term));
+            }
+            if first_term < snapshot.term {
+                return Err(format!(
+                    "the entry after the snapshot has term {first_term}, below the snapshot's term {}",
+                    snapshot.term
                 ));
             }
-            expected += 1;
         }
-        let last = expected - 1;
-        let config_indexes = entries
-            .iter()
-            .filter(|e| matches!(e.payload, EntryPayload::Config(_)))
-            .map(|e| e.index)
+        let configs: VecDeque<(Index, Configuration)> = outline
+            .configs
+            .into_iter()
+            .filter(|(index, _)| *index > snapshot.index)
             .collect();
-        Ok(RaftLog {
-            config_indexes,
-            entries: entries.into(),
+        if configs.iter().any(|(index, _)| *index > last)
+            || configs
+                .iter()
+                .zip(configs.iter().skip(1))
+                .any(|(a, b)| a.0 >= b.0)
+        {
+            return Err("the log's configuration entries are out of range or order".into());
+        }
+        let held_from = entries.first().map_or(last + 1, |e| e.index);
+        let mut log = RaftLog {
+            entries: VecDeque::new(),
+            held_from,
+            term_runs,
+            configs,
             boundary_index: snapshot.index,
             boundary_term: snapshot.term,
             boundary_config: snapshot.config.clone(),
             snapshot,
             persist_from: last + 1,
             durable_index: last,
-        })
+            held_bytes: 0,
+            settled_through: held_from - 1,
+            settled_bytes: 0,
+        };
+        if entries.last().is_some_and(|e| e.index != last) {
+            return Err(format!(
+                "the entries end at {} but the log's last index is {last}",
+                entries.last().map_or(0, |e| e.index)
+            ));
+        }
+        log.held_bytes = entries.iter().map(Entry::size_bytes).sum();
+        log.entries = entries.into();
+        for (expected, entry) in (held_from..).zip(&log.entries) {
+            if entry.index != expected {
+                return Err(format!(
+                    "log entry index {} found where index {expected} was expected (the entries must be consecutive)",
+                    entry.index
+                ));
+            }
+            if let Err(mismatch) = log.fits(entry) {
+                return Err(format!("log entry {}: {}", mismatch.index, mismatch.reason));
+            }
+        }
+        log.assert_invariants();
+        Ok(log)
     }
 
-    /// The first index held in memory.
+    /// The first index of the log (its boundary + 1), held in memory or not.
     pub fn first_index(&self) -> Index {
         self.boundary_index + 1
     }
 
+    /// The first index whose body is held in memory (`last_index + 1` when
+    /// none is); the bodies before it are in storage only.
+    pub fn held_first_index(&self) -> Index {
+        self.held_from
+    }
+
     /// The last index (the boundary when no entries are held).
     pub fn last_index(&self) -> Index {
-        self.boundary_index + self.entries.len() as u64
+        // held_from >= 1 (it is above the boundary), so this cannot wrap.
+        self.held_from + self.entries.len() as u64 - 1
     }
 
     /// The term of the last entry.
     pub fn last_term(&self) -> Term {
-        self.entries.back().map_or(self.boundary_term, |e| e.term)
+        self.term_runs.back().map_or(self.boundary_term, |r| r.1)
     }
 
     /// The latest snapshot.
@@ -128,7 +269,31 @@ impl RaftLog {
         self.durable_index
     }
 
-    /// The term at `index`, if known.
+    /// The bytes (as [`Entry::size_bytes`] counts them) of the entries held
+    /// in memory.
+    pub fn held_bytes(&self) -> u64 {
+        self.held_bytes
+    }
+
+    /// The number of entries held in memory.
+    pub fn held_entry_count(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// The bytes of the held entries that are settled (durable and applied):
+    /// what `Options::log_memory_bytes_max` bounds.
+    pub fn settled_bytes(&self) -> u64 {
+        self.settled_bytes
+    }
+
+    /// The number of held settled entries: what
+    /// `Options::log_memory_entries_max` bounds.
+    pub fn settled_entry_count(&self) -> u64 {
+        (self.settled_through + 1).saturating_sub(self.held_from)
+    }
+
+    /// The term at `index`, if known (anywhere in the log, at its boundary
+    /// or at the snapshot).
     pub fn term_at(&self, index: Index) -> Option<Term> {
         if index == self.boundary_index {
             return Some(self.boundary_term);
@@ -139,30 +304,35 @@ impl RaftLog {
         if index < self.boundary_index || index > self.last_index() {
             return None;
         }
-        self.entry(index).map(|e| e.term)
+        // The first run starts at boundary + 1 <= index, so one is found.
+        let runs = self.term_runs.partition_point(|&(first, _)| first <= index);
+        runs.checked_sub(1)
+            .and_then(|run| self.term_runs.get(run))
+            .map(|&(_, term)| term)
     }
 
-    /// The entry at `index`, if held.
+    /// The entry at `index`, if its body is held in memory.
     pub fn entry(&self, index: Index) -> Option<&Entry> {
-        if index <= self.boundary_index {
+        if index < self.held_from {
             return None;
         }
-        let offset = usize::try_from(index - self.boundary_index - 1).ok()?;
+        let offset = usize::try_from(index - self.held_from).ok()?;
         self.entries.get(offset)
     }
 
-    /// Entries `[from, to]` (inclusive, clamped to what is held), at most
-    /// `max_bytes` of them but always at least one if any is in range.
+    /// Held entries `[from, to]` (inclusive, clamped to what is held in
+    /// memory), at most `max_bytes` of them but always at least one if any
+    /// is in range.
     pub fn slice(&self, from: Index, to: Index, max_bytes: u64) -> Vec<Entry> {
         let mut out = Vec::new();
         let mut bytes = 0u64;
-        let mut index = from.max(self.first_index());
+        let mut index = from.max(self.held_from);
         let to = to.min(self.last_index());
         while index <= to {
             let Some(entry) = self.entry(index) else {
                 break;
             };
-            bytes += entry.size_bytes();
+            bytes = bytes.saturating_add(entry.size_bytes());
             if !out.is_empty() && bytes > max_bytes {
                 break;
             }
@@ -214,6 +384,13 @@ impl RaftLog {
             Some(term) if term == prev_term => {}
             Some(_) | None => return mismatch(self),
         }
+        // A leader's entries never go back in term: anything else is
+        // malformed (and would break the term runs).
+        if entries.windows(2).any(|w| w[1].term < w[0].term)
+            || entries.first().is_some_and(|e| e.term < prev_term)
+        {
+            return mismatch(self);
+        }
         // The caller bounds indexes far below u64::MAX (crate::INDEX_MAX).
         for (expected, (position, entry)) in (prev_index + 1..).zip(entries.iter().enumerate()) {
             if entry.index != expected {
@@ -246,6 +423,8 @@ impl RaftLog {
                             term: entry.term,
                         });
                     }
+                    // The entry before it matched (prev or an earlier one of
+                    // these), so its term is at most this one's.
                     // Conflict: truncate from here and append the rest.
                     self.truncate_from(entry.index);
                     entries[position..]
@@ -273,65 +452,103 @@ impl RaftLog {
     /// `term`: the largest index at or below `min(index, last)` whose term is
     /// at most `term`, so the leader can skip whole terms at once.
     pub fn mismatch_hint(&self, index: Index, term: Term) -> AppendMismatch {
-        let mut hint_index = index.min(self.last_index());
-        loop {
-            match self.term_at(hint_index) {
-                Some(t) if t <= term => {
-                    return AppendMismatch {
-                        hint_index,
-                        hint_term: t,
-                    }
-                }
-                Some(_) => {
-                    if hint_index == 0 {
-                        return AppendMismatch {
-                            hint_index: 0,
-                            hint_term: 0,
-                        };
-                    }
-                    hint_index -= 1;
-                }
-                None => {
-                    // Below the boundary: the follower cannot tell the term.
-                    return AppendMismatch {
-                        hint_index: self.boundary_index.min(hint_index),
-                        hint_term: 0,
-                    };
+        match self.find_by_term(index, term) {
+            Some(hint_index) => AppendMismatch {
+                hint_index,
+                // Only index 0 of an empty log can be found with a higher
+                // term (none is lower); it says "cannot tell".
+                hint_term: self.term_at(hint_index).filter(|&t| t <= term).unwrap_or(0),
+            },
+            // Below the boundary: the follower cannot tell the term. The
+            // search stopped at the index it could not look at.
+            None => {
+                let candidate = index.min(self.last_index());
+                AppendMismatch {
+                    hint_index: if candidate < self.boundary_index {
+                        candidate
+                    } else {
+                        self.boundary_index.saturating_sub(1)
+                    },
+                    hint_term: 0,
                 }
             }
         }
     }
 
-    /// On the leader: the largest index at or below `index` whose term is at
-    /// most `term`, or `None` if that search reaches the compacted part.
+    /// The largest index at or below `index` whose term is at most `term`,
+    /// or `None` if that search reaches the compacted part. Walks the term
+    /// runs, not the entries: its cost is the number of terms skipped.
     pub fn find_by_term(&self, index: Index, term: Term) -> Option<Index> {
-        let mut candidate = index.min(self.last_index());
-        loop {
-            match self.term_at(candidate) {
-                Some(t) if t <= term => return Some(candidate),
-                Some(_) if candidate > 0 => candidate -= 1,
-                Some(_) => return Some(0),
-                None => return None,
+        let candidate = index.min(self.last_index());
+        if candidate < self.boundary_index {
+            return None;
+        }
+        if candidate > self.boundary_index {
+            let runs = self
+                .term_runs
+                .partition_point(|&(first, _)| first <= candidate);
+            // Runs up to `runs` start at or before the candidate; walk back
+            // to the last whose term is at most `term`.
+            for (position, &(first, run_term)) in self.term_runs.iter().enumerate().take(runs).rev()
+            {
+                if run_term <= term {
+                    let end = match self.term_runs.get(position + 1) {
+                        Some(&(next, _)) => next - 1,
+                        None => self.last_index(),
+                    };
+                    debug_assert!(first <= end);
+                    return Some(end.min(candidate));
+                }
             }
+        }
+        // Every run after the boundary has a higher term: the boundary.
+        if self.boundary_term <= term {
+            Some(self.boundary_index)
+        } else if self.boundary_index == 0 {
+            Some(0)
+        } else {
+            None
         }
     }
 
     fn push(&mut self, entry: Entry) {
-        if matches!(entry.payload, EntryPayload::Config(_)) {
-            self.config_indexes.push_back(entry.index);
+        assert_eq!(
+            entry.index,
+            self.last_index() + 1,
+            "log entries are consecutive"
+        );
+        assert!(entry.term >= self.last_term(), "log terms never go back");
+        if self.term_runs.back().is_none_or(|&(_, t)| t != entry.term) {
+            self.term_runs.push_back((entry.index, entry.term));
         }
+        if let EntryPayload::Config(config) = &entry.payload {
+            self.configs.push_back((entry.index, config.clone()));
+        }
+        self.held_bytes += entry.size_bytes();
         self.entries.push_back(entry);
     }
 
     fn truncate_from(&mut self, index: Index) {
-        while self.config_indexes.back().is_some_and(|&i| i >= index) {
-            self.config_indexes.pop_back();
-        }
         assert!(
             index > self.boundary_index,
             "cannot truncate compacted entries"
         );
-        let keep = usize::try_from(index - self.boundary_index - 1).unwrap_or(usize::MAX);
+        // Settled entries are applied, so committed: never truncated. Only
+        // settled entries are evicted, so every truncated entry is held.
+        assert!(
+            index > self.settled_through,
+            "cannot truncate settled entries"
+        );
+        while self.configs.back().is_some_and(|&(i, _)| i >= index) {
+            self.configs.pop_back();
+        }
+        while self.term_runs.back().is_some_and(|&(i, _)| i >= index) {
+            self.term_runs.pop_back();
+        }
+        let keep = usize::try_from(index - self.held_from).unwrap_or(usize::MAX);
+        for entry in self.entries.iter().skip(keep) {
+            self.held_bytes -= entry.size_bytes();
+        }
         self.entries.truncate(keep);
         self.persist_from = self.persist_from.min(index);
         self.durable_index = self.durable_index.min(index - 1);
@@ -346,6 +563,8 @@ impl RaftLog {
         if from > last {
             return Vec::new();
         }
+        // Evicted entries are durable, so unpersisted ones are all held.
+        assert!(from >= self.held_from, "unpersisted entries are held");
         self.slice(from, last, u64::MAX)
     }
 
@@ -364,20 +583,16 @@ impl RaftLog {
     /// The configuration in force at `index` (from the last config entry at or
     /// before it, or the boundary's configuration).
     pub fn config_at(&self, index: Index) -> Configuration {
-        let found = self.config_indexes.iter().rev().find(|&&i| i <= index);
-        if let Some(Entry {
-            payload: EntryPayload::Config(config),
-            ..
-        }) = found.and_then(|&i| self.entry(i))
-        {
-            return config.clone();
-        }
-        self.boundary_config.clone()
+        self.configs
+            .iter()
+            .rev()
+            .find(|(i, _)| *i <= index)
+            .map_or_else(|| self.boundary_config.clone(), |(_, c)| c.clone())
     }
 
     /// The index of the last config entry in the log after `after`, if any.
     pub fn last_config_index_after(&self, after: Index) -> Option<Index> {
-        self.config_indexes.back().copied().filter(|&i| i > after)
+        self.configs.back().map(|&(i, _)| i).filter(|&i| i > after)
     }
 
     /// Records a snapshot the state machine built at `index` (which must be in
@@ -399,27 +614,222 @@ impl RaftLog {
         }
         let through_term = self.term_at(through)?;
         let config = self.config_at(through);
-        let drop = usize::try_from(through - self.boundary_index).unwrap_or(usize::MAX);
-        self.entries.drain(..drop.min(self.entries.len()));
-        while self.config_indexes.front().is_some_and(|&i| i <= through) {
-            self.config_indexes.pop_front();
+        while self.entries.front().is_some_and(|e| e.index <= through) {
+            if let Some(entry) = self.entries.pop_front() {
+                let size = entry.size_bytes();
+                self.held_bytes -= size;
+                if entry.index <= self.settled_through {
+                    self.settled_bytes -= size;
+                }
+            }
+        }
+        self.held_from = self.held_from.max(through + 1);
+        self.settled_through = self.settled_through.max(through);
+        while self.configs.front().is_some_and(|&(i, _)| i <= through) {
+            self.configs.pop_front();
+        }
+        // Runs wholly at or below `through` go; the one containing
+        // `through + 1` now starts there.
+        while self
+            .term_runs
+            .get(1)
+            .is_some_and(|&(first, _)| first <= through + 1)
+        {
+            self.term_runs.pop_front();
+        }
+        if through >= self.last_index() {
+            self.term_runs.clear();
+        } else if let Some(run) = self.term_runs.front_mut() {
+            run.0 = run.0.max(through + 1);
         }
         self.boundary_index = through;
         self.boundary_term = through_term;
         self.boundary_config = config;
+        self.assert_invariants();
         Some(through)
     }
 
     /// Replaces the whole log with an installed snapshot.
     pub fn reset_to_snapshot(&mut self, meta: SnapshotMeta) {
         self.entries.clear();
-        self.config_indexes.clear();
+        self.term_runs.clear();
+        self.configs.clear();
         self.boundary_index = meta.index;
         self.boundary_term = meta.term;
         self.boundary_config = meta.config.clone();
+        self.held_from = meta.index + 1;
         self.persist_from = meta.index + 1;
         self.durable_index = meta.index;
+        self.held_bytes = 0;
+        self.settled_through = meta.index;
+        self.settled_bytes = 0;
         self.snapshot = meta;
+    }
+
+    /// Entries up to `applied` that are durable are settled; evicts the
+    /// oldest settled bodies while more than `bytes_max` bytes or
+    /// `entries_max` entries of them are held. Costs O(1) per entry over
+    /// the log's life.
+    pub fn release_settled(&mut self, applied: Index, bytes_max: u64, entries_max: u64) {
+        let limit = applied.min(self.durable_index).min(self.last_index());
+        while self.settled_through < limit {
+            let next = self.settled_through + 1;
+            let Some(size) = self.entry(next).map(Entry::size_bytes) else {
+                break;
+            };
+            self.settled_bytes += size;
+            self.settled_through = next;
+        }
+        while self.settled_bytes > bytes_max || self.settled_entry_count() > entries_max {
+            let Some(entry) = self.entries.pop_front() else {
+                break;
+            };
+            assert!(
+                entry.index <= self.settled_through,
+                "only settled entries are evicted"
+            );
+            let size = entry.size_bytes();
+            self.held_bytes -= size;
+            self.settled_bytes -= size;
+            self.held_from += 1;
+        }
+        self.assert_invariants();
+    }
+
+    /// Whether `entry`, loaded from storage or restored, fits the log: its
+    /// term is the log's term at its index and it is a configuration entry
+    /// exactly where the log has one (the same one).
+    fn fits(&self, entry: &Entry) -> Result<(), LoadedMismatch> {
+        let index = entry.index;
+        let fail = |reason| Err(LoadedMismatch { index, reason });
+        if index <= self.boundary_index || index > self.last_index() {
+            return fail("the index is outside the log");
+        }
+        if self.term_at(index) != Some(entry.term) {
+            return fail("the term differs from the log's term there");
+        }
+        let config = self
+            .configs
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .ok()
+            .and_then(|position| self.configs.get(position));
+        match (&entry.payload, config) {
+            (EntryPayload::Config(loaded), Some((_, known))) if loaded == known => Ok(()),
+            (EntryPayload::Config(_), Some(_)) => fail("another configuration than the log's"),
+            (EntryPayload::Config(_), None) => fail("a configuration entry where the log has none"),
+            (EntryPayload::Noop | EntryPayload::Command(_), Some(_)) => {
+                fail("the log has a configuration entry there")
+            }
+            (EntryPayload::Noop | EntryPayload::Command(_), None) => Ok(()),
+        }
+    }
+
+    /// Checks entries loaded from storage for `from..=through`: consecutive
+    /// from `from`, not beyond `through`, at least one, and each fits the
+    /// log (term and configuration, see the type's docs).
+    pub fn check_loaded(
+        &self,
+        from: Index,
+        through: Index,
+        entries: &[Entry],
+    ) -> Result<(), LoadedMismatch> {
+        if entries.is_empty() {
+            return Err(LoadedMismatch {
+                index: from,
+                reason: "no entries were returned",
+            });
+        }
+        for (expected, entry) in (from..).zip(entries) {
+            if entry.index != expected {
+                return Err(LoadedMismatch {
+                    index: expected,
+                    reason: "the entries are not consecutive from the index asked for",
+                });
+            }
+            if entry.index > through {
+                return Err(LoadedMismatch {
+                    index: entry.index,
+                    reason: "more entries than asked for",
+                });
+            }
+            self.fits(entry)?;
+        }
+        Ok(())
+    }
+
+    /// Checks the invariants listed in the type's docs; the ones that cost
+    /// O(entries) only with debug assertions (tests call
+    /// [`RaftLog::assert_invariants_full`]).
+    pub fn assert_invariants(&self) {
+        assert!(
+            self.held_from > self.boundary_index,
+            "held entries follow the boundary"
+        );
+        let last = self.last_index();
+        assert!(
+            self.snapshot.index >= self.boundary_index,
+            "the snapshot covers the boundary"
+        );
+        match (self.term_runs.front(), self.term_runs.back()) {
+            (Some(&(first, first_term)), Some(&(back, _))) => {
+                assert_eq!(
+                    first,
+                    self.boundary_index + 1,
+                    "term runs start after the boundary"
+                );
+                assert!(first_term >= self.boundary_term, "terms never go back");
+                assert!(back <= last, "term runs end within the log");
+            }
+            (None, None) => assert_eq!(last, self.boundary_index, "an empty log has no term runs"),
+            (Some(_), None) | (None, Some(_)) => unreachable!("front and back agree"),
+        }
+        assert!(
+            self.settled_through + 1 >= self.held_from,
+            "evicted entries are settled"
+        );
+        assert!(self.settled_through <= last.max(self.boundary_index));
+        assert!(self.settled_bytes <= self.held_bytes);
+        if cfg!(debug_assertions) {
+            self.assert_invariants_full();
+        }
+    }
+
+    /// Every invariant of the type's docs, O(entries).
+    pub fn assert_invariants_full(&self) {
+        for (a, b) in self.term_runs.iter().zip(self.term_runs.iter().skip(1)) {
+            assert!(a.0 < b.0 && a.1 < b.1, "term runs strictly ascend");
+        }
+        let mut held = 0u64;
+        let mut settled = 0u64;
+        for (expected, entry) in (self.held_from..).zip(&self.entries) {
+            assert_eq!(entry.index, expected, "held entries are consecutive");
+            assert_eq!(
+                self.term_at(entry.index),
+                Some(entry.term),
+                "term runs match"
+            );
+            assert!(self.fits(entry).is_ok(), "configs match the entries");
+            held += entry.size_bytes();
+            if entry.index <= self.settled_through {
+                settled += entry.size_bytes();
+            }
+        }
+        let held_configs = self
+            .entries
+            .iter()
+            .filter(|e| matches!(e.payload, EntryPayload::Config(_)))
+            .count();
+        let known_configs = self
+            .configs
+            .iter()
+            .filter(|(i, _)| *i >= self.held_from)
+            .count();
+        assert_eq!(
+            held_configs, known_configs,
+            "every held config entry is known"
+        );
+        assert_eq!(held, self.held_bytes, "held bytes add up");
+        assert_eq!(settled, self.settled_bytes, "settled bytes add up");
     }
 }
 
@@ -441,14 +851,14 @@ mod tests {
     }
 
     fn log_with_terms(terms: &[Term]) -> RaftLog {
-        RaftLog::restore(SnapshotMeta::default(), entries_with_terms(terms)).unwrap()
+        RaftLog::restore(SnapshotMeta::default(), entries_with_terms(terms), None).unwrap()
     }
 
     #[test]
     fn restore_rejects_gaps() {
         let mut entries = entries_with_terms(&[1, 1, 1]);
         entries.remove(1);
-        assert!(RaftLog::restore(SnapshotMeta::default(), entries).is_err());
+        assert!(RaftLog::restore(SnapshotMeta::default(), entries, None).is_err());
     }
 
     #[test]
@@ -510,6 +920,9 @@ mod tests {
             leader_tail in proptest::collection::vec(3u64..6, 0..8),
             follower_tail in proptest::collection::vec(1u64..3, 0..8),
         ) {
+            // A Raft log's terms never go back (the log refuses others).
+            let mut common = common;
+            common.sort_unstable();
             let mut leader_terms = common.clone();
             let mut last = *common.last().unwrap_or(&1);
             for t in leader_tail { last = last.max(t); leader_terms.push(last); }

@@ -244,6 +244,7 @@ impl RaftNode {
             hard_state,
             snapshot,
             entries,
+            outline,
             applied,
         } = restored;
         if applied < snapshot.index {
@@ -252,16 +253,22 @@ impl RaftNode {
                 snapshot.index
             )));
         }
-        let log = RaftLog::restore(snapshot, entries).map_err(InitError::Inconsistent)?;
+        let log = RaftLog::restore(snapshot, entries, outline).map_err(InitError::Inconsistent)?;
         if applied > log.last_index() {
             return Err(InitError::Inconsistent(format!(
                 "applied index {applied} is beyond the last log index {}",
                 log.last_index()
             )));
         }
-        let last_term = log
-            .entry(log.last_index())
-            .map_or(log.snapshot().term, |last| last.term);
+        if log.held_first_index() > applied + 1 {
+            // Entries after the applied index are applied again on start,
+            // so their bodies must be at hand.
+            return Err(InitError::Inconsistent(format!(
+                "the restored entries start at {} but the state machine has applied only {applied}",
+                log.held_first_index()
+            )));
+        }
+        let last_term = log.last_term();
         if last_term > hard_state.term {
             return Err(InitError::Inconsistent(format!(
                 "the log holds an entry of term {last_term} but the stored term is {}",
@@ -366,6 +373,12 @@ impl RaftNode {
                 offset,
                 ok,
             } => self.handle_chunk_saved(snapshot_index, offset, ok, actions),
+            Input::EntriesLoaded {
+                to,
+                term,
+                from,
+                entries,
+            } => self.handle_entries_loaded(to, term, from, entries, actions),
             Input::PeerConnected(peer) => self.handle_peer_connected(peer, actions),
             Input::PeerDisconnected(peer) => self.handle_peer_disconnected(peer, actions),
         }
@@ -396,6 +409,7 @@ impl RaftNode {
             | Input::SnapshotBuilt { .. }
             | Input::SnapshotChunkLoaded { .. }
             | Input::SnapshotChunkSaved { .. }
+            | Input::EntriesLoaded { .. }
             | Input::PeerConnected(_)
             | Input::PeerDisconnected(_) => {}
         }
@@ -784,6 +798,13 @@ impl RaftNode {
             self.maybe_commit(actions);
             self.apply_committed(actions);
         }
+        // Only now, after this step's applies: entries become settled
+        // once handed out, and the bound holds between steps.
+        self.log.release_settled(
+            self.applied,
+            self.options.log_memory_bytes_max,
+            self.options.log_memory_entries_max,
+        );
         let now = (self.role(), self.term, self.leader);
         if self.reported_role != Some(now) {
             self.reported_role = Some(now);
@@ -1051,7 +1072,8 @@ impl RaftNode {
     pub fn applied_index(&self) -> Index {
         self.applied
     }
-    /// The index of the first entry held in the log (snapshot index + 1 when empty).
+    /// The index of the first entry of the log (its boundary + 1), whether
+    /// its body is held in memory or in storage only.
     pub fn first_index(&self) -> Index {
         self.log.first_index()
     }
@@ -1063,9 +1085,16 @@ impl RaftNode {
     pub fn term_at(&self, index: Index) -> Option<Term> {
         self.log.term_at(index)
     }
-    /// The entry at `index`, if held in the log.
+    /// The entry at `index`, if its body is held in memory (see
+    /// `Options::log_memory_bytes_max`: older settled entries are in
+    /// storage only).
     pub fn entry(&self, index: Index) -> Option<&Entry> {
         self.log.entry(index)
+    }
+    /// The log (for its sizes: [`RaftLog::held_bytes`],
+    /// [`RaftLog::settled_bytes`] and the like).
+    pub fn log(&self) -> &RaftLog {
+        &self.log
     }
     /// The latest snapshot.
     pub fn snapshot_meta(&self) -> &SnapshotMeta {

@@ -49,6 +49,23 @@ pub struct Options {
     /// Entries kept in the log behind a new snapshot, so that followers a
     /// little behind can still be sent entries rather than the snapshot.
     pub compaction_lag_entries: u64,
+    /// The most bytes (as [`crate::Entry::size_bytes`] counts them) of
+    /// settled entries the log holds in memory: entries that are both
+    /// durable here and already handed out in [`crate::Action::Apply`].
+    /// Older settled entries stay part of the log (their index, term and
+    /// configuration are known) but their bodies live only in storage; a
+    /// follower that needs them gets them through
+    /// [`crate::Action::LoadEntries`]. Entries not yet durable or not yet
+    /// applied are always held, whatever this says: the engine must hand
+    /// them to storage and to the state machine, and until they are durable
+    /// storage may not have them to load. The bound thus does not depend on
+    /// snapshots: an in-memory state machine may let its log grow large
+    /// between snapshots without the engine holding it.
+    pub log_memory_bytes_max: u64,
+    /// The most settled entries (see `log_memory_bytes_max`) the log holds
+    /// in memory, whatever their size: small entries cost more memory than
+    /// their counted bytes.
+    pub log_memory_entries_max: u64,
     /// Let an idle group go quiet: its leader stops sending heartbeats and
     /// counting check-quorum, its followers stop their election timers, and
     /// ticks cost almost nothing until something wakes the group (see the
@@ -63,7 +80,8 @@ pub struct Options {
 
 impl Options {
     /// Defaults for node `id` of group `group`: election timeout 10 ticks,
-    /// heartbeat 1 tick, pre-vote and check-quorum on, quiescence off.
+    /// heartbeat 1 tick, pre-vote and check-quorum on, quiescence off; the log
+    /// holds at most 64 MiB or 262 144 settled entries in memory.
     pub fn new(id: NodeId, group: GroupId) -> Self {
         Options {
             id,
@@ -82,6 +100,8 @@ impl Options {
             request_timeout_ticks: 50,
             pending_requests_max: 4096,
             compaction_lag_entries: 1000,
+            log_memory_bytes_max: 64 << 20,
+            log_memory_entries_max: 1 << 18,
             quiesce: false,
         }
     }

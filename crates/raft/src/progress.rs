@@ -150,6 +150,18 @@ impl Inflights {
     }
 }
 
+/// A load of entries from storage for one follower, outstanding
+/// ([`crate::Action::LoadEntries`]): what was asked, to check the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntriesLoad {
+    /// The first index asked for (the follower's next index then).
+    pub from: Index,
+    /// The last index that may come back.
+    pub through: Index,
+    /// The most entry bytes to send of them (what the window allowed).
+    pub max_bytes: u64,
+}
+
 /// The leader's view of one peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Progress {
@@ -181,6 +193,11 @@ pub struct Progress {
     /// its last index cannot be below `match_index` unless its log went
     /// backwards.
     pub match_round: u64,
+    /// The load of entries from storage outstanding for this peer, if any
+    /// (at most one). Cleared whenever the next index is decided afresh
+    /// (probe, replicate, snapshot) and, in probe, by each heartbeat round:
+    /// a lost answer is asked for again as a lost probe is resent.
+    pub loading: Option<EntriesLoad>,
 }
 
 impl Progress {
@@ -198,6 +215,7 @@ impl Progress {
             match_at_last_heartbeat: 0,
             commit_sent: 0,
             match_round: 0,
+            loading: None,
         }
     }
 
@@ -217,6 +235,7 @@ impl Progress {
         self.next_index = self.match_index + 1;
         self.state = ReplicationState::Probe { paused: false };
         self.inflights.clear();
+        self.loading = None;
     }
 
     /// Switches to replicate from `match_index + 1`.
@@ -224,11 +243,13 @@ impl Progress {
         self.next_index = self.match_index + 1;
         self.state = ReplicationState::Replicate;
         self.inflights.clear();
+        self.loading = None;
     }
 
     /// Switches to sending snapshot `snapshot_index` from offset 0.
     pub fn become_snapshot(&mut self, meta: SnapshotMeta) {
         self.inflights.clear();
+        self.loading = None;
         self.state = ReplicationState::Snapshot(SnapshotTransfer {
             meta,
             acked_offset: 0,

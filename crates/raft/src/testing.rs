@@ -17,7 +17,7 @@ use crate::message::{Message, MessageBody};
 use crate::options::Options;
 use crate::request::{Request, RequestError, RequestId, Response, Role};
 use crate::types::{
-    Entry, EntryPayload, HardState, Index, NodeId, RestoredState, SnapshotMeta, Term,
+    Entry, EntryPayload, HardState, Index, LogOutline, NodeId, RestoredState, SnapshotMeta, Term,
 };
 use crate::RaftNode;
 
@@ -37,6 +37,25 @@ pub struct MemStorage {
 }
 
 impl MemStorage {
+    /// Synced entries `from..=through`, at most about `max_bytes` of them
+    /// (at least one), or `None` if `from` is not stored.
+    pub fn load(&self, from: Index, through: Index, max_bytes: u64) -> Option<Vec<Entry>> {
+        // Found by index: the stored entries may have a gap where the
+        // snapshot covered an entry before it was written (it is skipped).
+        let start = self.entries.binary_search_by_key(&from, |e| e.index).ok()?;
+        let mut bytes = 0u64;
+        let mut out = Vec::new();
+        let wanted = self.entries[start..].iter().zip(from..);
+        for (entry, _) in wanted.take_while(|(e, i)| e.index == *i && e.index <= through) {
+            bytes = bytes.saturating_add(entry.size_bytes());
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.push(entry.clone());
+        }
+        Some(out)
+    }
+
     fn write(&mut self, request: &PersistRequest) {
         if let Some(hard_state) = request.hard_state {
             self.hard_state = hard_state;
@@ -101,6 +120,14 @@ pub struct TestNode {
     pub synced_seq: u64,
     /// Every fault the engine reported.
     pub faults: Vec<crate::Fault>,
+    /// Entry loads ([`Action::LoadEntries`]) carried out.
+    pub entry_loads: u64,
+    /// Hold entry loads' answers instead of feeding them back.
+    pub hold_entry_loads: bool,
+    /// Entry load answers held.
+    pub held_loads: VecDeque<Input>,
+    /// Answer entry loads with `None` (as if storage had compacted them).
+    pub fail_entry_loads: bool,
 }
 
 /// The test cluster.
@@ -207,6 +234,10 @@ impl Cluster {
                 held_saves: VecDeque::new(),
                 synced_seq: 0,
                 faults: Vec::new(),
+                entry_loads: 0,
+                hold_entry_loads: false,
+                held_loads: VecDeque::new(),
+                fail_entry_loads: false,
             },
         );
     }
@@ -345,6 +376,28 @@ impl Cluster {
                     chunk,
                 });
             }
+            Action::LoadEntries {
+                to,
+                term,
+                from,
+                through,
+                max_bytes,
+            } => {
+                let node = self.nodes.get_mut(&id).expect("node");
+                node.entry_loads += 1;
+                let entries = node.storage.load(from, through, max_bytes);
+                let input = Input::EntriesLoaded {
+                    to,
+                    term,
+                    from,
+                    entries: entries.filter(|_| !node.fail_entry_loads),
+                };
+                if node.hold_entry_loads {
+                    node.held_loads.push_back(input);
+                } else {
+                    node.local.push_back(input);
+                }
+            }
             Action::SaveSnapshotChunk {
                 meta,
                 offset,
@@ -424,6 +477,15 @@ impl Cluster {
         let node = self.nodes.get_mut(&id).expect("node");
         let pending: Vec<Input> = node.local.drain(..).collect();
         for input in pending {
+            self.step(id, input);
+        }
+    }
+
+    /// Feeds node `id` the entry load answers it holds.
+    pub fn release_loads(&mut self, id: NodeId) {
+        let node = self.nodes.get_mut(&id).expect("node");
+        let held: Vec<Input> = node.held_loads.drain(..).collect();
+        for input in held {
             self.step(id, input);
         }
     }
@@ -608,12 +670,53 @@ impl Cluster {
             hard_state: storage.hard_state,
             snapshot: storage.snapshot.clone(),
             entries: storage.entries.clone(),
+            outline: None,
             applied: storage.snapshot.index,
         };
         node.synced_seq = 0;
         node.applied = storage.snapshot_applied.clone();
         node.applied_index = storage.snapshot.index;
         node.raft = RaftNode::new(options, restored, id * 31 + 5).expect("restart");
+    }
+
+    /// Crashes node `id` like [`Cluster::restart`], but as a node whose
+    /// state machine is durable: it keeps what it applied (up to its synced
+    /// log's end), and the engine is given the log's outline and only the
+    /// entries after that applied point, the rest staying in storage.
+    pub fn restart_keeping_applied(&mut self, id: NodeId) {
+        let node = self.nodes.get_mut(&id).expect("node");
+        node.unsynced.clear();
+        node.local.clear();
+        node.receiving = None;
+        let storage = node.storage.clone();
+        let options = node.raft.options.clone();
+        let stored_last = storage
+            .entries
+            .last()
+            .map_or(storage.snapshot.index, |e| e.index);
+        let applied = node
+            .applied_index
+            .min(stored_last)
+            .max(storage.snapshot.index);
+        let mut outline = LogOutline::of(&storage.entries);
+        outline.last_index = stored_last;
+        let restored = RestoredState {
+            hard_state: storage.hard_state,
+            snapshot: storage.snapshot.clone(),
+            entries: storage
+                .entries
+                .iter()
+                .filter(|e| e.index > applied)
+                .cloned()
+                .collect(),
+            outline: Some(outline),
+            applied,
+        };
+        node.synced_seq = 0;
+        node.applied
+            .truncate(usize::try_from(applied).expect("small"));
+        node.applied_index = applied;
+        node.raft = RaftNode::new(options, restored, id * 31 + 7).expect("restart");
     }
 
     /// Whether every up node has applied at least `index`.

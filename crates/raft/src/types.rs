@@ -78,6 +78,50 @@ pub struct SnapshotMeta {
     pub config: Configuration,
 }
 
+/// What a node knows of its log without the entries' bodies: where it
+/// ends, where each term begins and which entries change the
+/// configuration. Term changes and configuration entries are rare, so this
+/// is small however long the log is; with it the engine knows the term and
+/// the configuration at every index without holding the entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOutline {
+    /// The index of the last entry (the snapshot index if the log is empty).
+    pub last_index: Index,
+    /// `(first index, term)` of each run of entries of one term, ascending
+    /// in both. Runs beginning at or before the snapshot index are clipped
+    /// to start just after it.
+    pub term_runs: Vec<(Index, Term)>,
+    /// Every configuration entry, `(index, configuration)`, ascending
+    /// (those at or below the snapshot index are ignored).
+    pub configs: Vec<(Index, Configuration)>,
+}
+
+impl LogOutline {
+    /// The outline of `entries` (consecutive, in order).
+    pub fn of(entries: &[Entry]) -> Self {
+        let mut outline = LogOutline::default();
+        for entry in entries {
+            outline.push(entry);
+        }
+        outline
+    }
+
+    /// Extends the outline by the entry after its last one.
+    pub fn push(&mut self, entry: &Entry) {
+        self.last_index = entry.index;
+        if self
+            .term_runs
+            .last()
+            .is_none_or(|&(_, term)| term != entry.term)
+        {
+            self.term_runs.push((entry.index, entry.term));
+        }
+        if let EntryPayload::Config(config) = &entry.payload {
+            self.configs.push((entry.index, config.clone()));
+        }
+    }
+}
+
 /// What a node finds in its storage when it starts, handed to
 /// [`crate::RaftNode::new`].
 ///
@@ -92,8 +136,17 @@ pub struct RestoredState {
     /// in force at its index. For a group that has never taken a snapshot
     /// this carries the initial configuration.
     pub snapshot: SnapshotMeta,
-    /// The synced log entries that follow the snapshot, in order, without gaps.
+    /// Synced log entries, in order, without gaps. Without an `outline`
+    /// these are the whole log after the snapshot. With one they may be
+    /// only its tail: every entry after `applied` must be here (those are
+    /// applied again on start), the ones before may be left in storage (the
+    /// leader loads them with [`crate::Action::LoadEntries`] when a follower
+    /// needs them). Entries at or below the snapshot index are skipped.
     pub entries: Vec<Entry>,
+    /// The shape of the whole log after the snapshot when `entries` holds
+    /// only its tail (see [`LogOutline`]); `None` when `entries` is the
+    /// whole log.
+    pub outline: Option<LogOutline>,
     /// The index the state machine has applied (at least `snapshot.index`).
     /// Entries after it up to the commit index are applied again on start.
     pub applied: Index,

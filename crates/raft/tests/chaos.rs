@@ -20,6 +20,12 @@ fn run(seed: u64) {
         o.inflight_messages_max = 1 + (seed % 4) as usize;
         o.append_bytes_max = 64 + 64 * (seed % 3);
         o.compaction_lag_entries = seed % 7;
+        if seed % 2 == 1 {
+            // A log that holds only a few settled entries in memory: the
+            // leaders load the rest from storage for lagging followers.
+            o.log_memory_entries_max = seed % 4;
+            o.log_memory_bytes_max = 64 * (seed % 3);
+        }
         o
     });
     c.auto_sync = false;

@@ -329,6 +329,21 @@ impl<M: StateMachine> Group<M> {
                 offset,
                 max_bytes,
             } => self.stream_chunk(to, snapshot_index, offset, max_bytes),
+            // Read by the log task, off this worker thread, like chunks.
+            Action::LoadEntries {
+                to,
+                term,
+                from,
+                through,
+                max_bytes,
+            } => out.log.push(LogRequest::ReadEntries {
+                group: self.id,
+                to,
+                term,
+                from,
+                through,
+                max_bytes,
+            }),
             Action::SaveSnapshotChunk {
                 meta,
                 offset,
@@ -686,6 +701,20 @@ impl<M: StateMachine> GroupRun for Group<M> {
                     snapshot_index,
                     offset,
                     chunk,
+                },
+                out,
+            ),
+            Completion::EntriesLoaded {
+                to,
+                term,
+                from,
+                entries,
+            } => self.step(
+                Input::EntriesLoaded {
+                    to,
+                    term,
+                    from,
+                    entries,
                 },
                 out,
             ),

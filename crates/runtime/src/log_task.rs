@@ -21,7 +21,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use ferry_raft::{GroupId, Index, NodeId, PersistRequest, SnapshotMeta};
+use ferry_raft::{Entry, GroupId, Index, NodeId, PersistRequest, SnapshotMeta, Term};
 use ferry_storage::{FsDisk, GroupRecovery, PendingSync, SnapshotWriter, Storage, StorageError};
 
 use crate::machine::SnapshotSource;
@@ -42,6 +42,16 @@ pub(crate) enum LogRequest {
         to: NodeId,
         snapshot_index: Index,
         offset: u64,
+        max_bytes: u64,
+    },
+    /// Read log entries of a group for a follower (evicted from the
+    /// engine's memory), answered with [`Completion::EntriesLoaded`].
+    ReadEntries {
+        group: GroupId,
+        to: NodeId,
+        term: Term,
+        from: Index,
+        through: Index,
         max_bytes: u64,
     },
     /// Read a group's whole snapshot (to restore its machine at start).
@@ -157,6 +167,27 @@ fn recovery(
         snapshot,
         entries,
     }))
+}
+
+/// Entries `from..=through` of `group`'s log (at most about `max_bytes`,
+/// at least one), from the log's cache or its segments; `None` if the log
+/// no longer holds `from` (compacted since the engine asked).
+fn read_entries(
+    storage: &Storage<FsDisk>,
+    group: GroupId,
+    from: Index,
+    through: Index,
+    max_bytes: u64,
+) -> Result<Option<Vec<Entry>>, StorageError> {
+    let wal = &storage.wal;
+    let (Some(first), Some(last)) = (wal.first_index(group), wal.last_index(group)) else {
+        return Ok(None);
+    };
+    if from < first || from > last || through < from {
+        return Ok(None);
+    }
+    let hi = through.min(last).saturating_add(1);
+    wal.entries(group, from, hi, max_bytes).map(Some)
 }
 
 /// The file of the snapshot each group is receiving from its leader.
@@ -382,6 +413,29 @@ fn handle(
                 Err(error) => return Err(error.into()),
             }
         }
+        LogRequest::ReadEntries {
+            group,
+            to,
+            term,
+            from,
+            through,
+            max_bytes,
+        } => match read_entries(storage, group, from, through, max_bytes) {
+            Ok(entries) => workers.complete(
+                group,
+                Completion::EntriesLoaded {
+                    to,
+                    term,
+                    from,
+                    entries,
+                },
+            ),
+            // Not answered: the engine asks again with its next probe.
+            Err(error) if error.is_transient() => {
+                tracing::warn!(group, %error, "cannot read log entries for now");
+            }
+            Err(error) => return Err(error.into()),
+        },
         LogRequest::ReadSnapshot {
             group,
             index,

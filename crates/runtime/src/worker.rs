@@ -69,6 +69,14 @@ pub(crate) enum Completion {
         /// snapshot is gone (a newer one replaced it).
         chunk: Option<(bytes::Bytes, bool)>,
     },
+    /// Log entries for a follower were read (`None`: the log no longer
+    /// holds them).
+    EntriesLoaded {
+        to: NodeId,
+        term: ferry_raft::Term,
+        from: Index,
+        entries: Option<Vec<ferry_raft::Entry>>,
+    },
     /// A chunk of a snapshot from the leader was written (`last`: it was
     /// the last, and the file is sealed).
     ChunkSaved {

@@ -120,6 +120,12 @@ pub struct EngineConfig {
     /// Idle groups go quiet (`ferry_raft::Options::quiesce`). Never drawn
     /// by [`EngineConfig::random`]: see [`QuiesceMode`].
     pub quiesce: bool,
+    /// The most settled entry bytes the engine holds in memory
+    /// (`ferry_raft::Options::log_memory_bytes_max`).
+    pub log_memory_bytes_max: u64,
+    /// The most settled entries the engine holds in memory
+    /// (`ferry_raft::Options::log_memory_entries_max`).
+    pub log_memory_entries_max: u64,
 }
 
 impl EngineConfig {
@@ -141,6 +147,8 @@ impl EngineConfig {
             compaction_lag_entries: 2,
             lease_reads: false,
             quiesce: false,
+            log_memory_bytes_max: Options::new(1, 1).log_memory_bytes_max,
+            log_memory_entries_max: Options::new(1, 1).log_memory_entries_max,
         }
     }
 
@@ -168,6 +176,9 @@ impl EngineConfig {
             lease_reads: false,
             // Set by `SimConfig::apply_quiesce`, from a stream of its own.
             quiesce: false,
+            // Drawn by `SimConfig::random`, from a stream of its own.
+            log_memory_bytes_max: Options::new(1, 1).log_memory_bytes_max,
+            log_memory_entries_max: Options::new(1, 1).log_memory_entries_max,
         }
     }
 
@@ -189,6 +200,8 @@ impl EngineConfig {
         options.pending_requests_max = self.pending_requests_max;
         options.compaction_lag_entries = self.compaction_lag_entries;
         options.quiesce = self.quiesce;
+        options.log_memory_bytes_max = self.log_memory_bytes_max;
+        options.log_memory_entries_max = self.log_memory_entries_max;
         options
     }
 }
@@ -211,6 +224,10 @@ pub enum QuiesceMode {
 
 /// Mixed into the seed for the generator that draws [`QuiesceMode::Drawn`].
 const QUIESCE_STREAM: u64 = 0x0071_e5ce_5eed_0001;
+
+/// The stream the log memory bound is drawn from, apart from the run's own
+/// generator: a seed draws everything else as it did before the bound.
+const LOG_MEMORY_STREAM: u64 = 0x10a9_3e30_5eed_0002;
 
 /// A deliberate runtime bug, to show that the checks catch its class
 /// (used by the simulator's own tests; never on in real runs).
@@ -366,6 +383,18 @@ impl SimConfig {
         // are the same with or without lease reads in the simulator.
         if rng.chance_percent(25) {
             config.allow_lease_reads();
+        }
+        // On about half the seeds the engine holds only a few settled
+        // entries in memory (a handful, or a few hundred bytes), so that
+        // leaders load entries from storage for lagging followers all the
+        // time; the others keep the engine's defaults.
+        let mut memory = SimRng::new(seed ^ LOG_MEMORY_STREAM);
+        if memory.chance_percent(50) {
+            if memory.chance_percent(50) {
+                config.engine.log_memory_entries_max = memory.range(0, 8);
+            } else {
+                config.engine.log_memory_bytes_max = memory.range(0, 4 << 10);
+            }
         }
         config
     }

@@ -52,6 +52,10 @@ counters! {
     SnapshotRejected => "snapshot_rejected",
     /// The leader asked for a snapshot that was gone and had to start over.
     SnapshotChunkGone => "snapshot_chunk_gone",
+    /// A leader loaded evicted entries from storage for a follower.
+    EntriesLoadedFromStorage => "entries_loaded_from_storage",
+    /// An entry load failed (answered None) or its answer was lost.
+    EntriesLoadFailed => "entries_load_failed",
     /// A node's state machine took a snapshot.
     LocalSnapshotTaken => "local_snapshot_taken",
     /// A follower rejected an append with hint term 0.

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use ferry_raft::{GroupId, Index, PersistRequest, SnapshotMeta};
+use ferry_raft::{Entry, GroupId, Index, PersistRequest, SnapshotMeta};
 use ferry_storage::{
     CrashMode, PendingSync, SimDisk, SimDiskOptions, SnapshotWriter, Storage, StorageError,
     WalOptions,
@@ -289,6 +289,27 @@ impl RealStorage {
         self.storage()?
             .snapshots
             .read_chunk(group, index, offset, max_bytes)
+    }
+
+    /// Reads `group`'s log entries `from..=through` (at most about
+    /// `max_bytes`, at least one) through the write-ahead log's reads, as
+    /// the runtime does; `None` if the log no longer holds `from`.
+    pub fn load_entries(
+        &mut self,
+        group: GroupId,
+        from: Index,
+        through: Index,
+        max_bytes: u64,
+    ) -> Result<Option<Vec<Entry>>, StorageError> {
+        let wal = &self.storage()?.wal;
+        let (Some(first), Some(last)) = (wal.first_index(group), wal.last_index(group)) else {
+            return Ok(None);
+        };
+        if from < first || from > last || through < from {
+            return Ok(None);
+        }
+        let hi = through.min(last).saturating_add(1);
+        wal.entries(group, from, hi, max_bytes).map(Some)
     }
 
     /// The node stops (crash or storage failure): the storage is dropped

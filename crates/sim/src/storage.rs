@@ -123,6 +123,26 @@ impl DurableState {
             .map_or(self.snapshot.index, |e| e.index.max(self.snapshot.index))
     }
 
+    /// Durable entries `from..=through`, consecutive, at most about
+    /// `max_bytes` of them (at least one), or `None` if `from` is not
+    /// stored (compacted, or not written).
+    pub fn load(&self, from: Index, through: Index, max_bytes: u64) -> Option<Vec<Entry>> {
+        let start = self.entries.binary_search_by_key(&from, |e| e.index).ok()?;
+        let mut bytes = 0u64;
+        let mut out = Vec::new();
+        for (entry, index) in self.entries[start..].iter().zip(from..=through) {
+            if entry.index != index {
+                break;
+            }
+            bytes = bytes.saturating_add(entry.size_bytes());
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.push(entry.clone());
+        }
+        Some(out)
+    }
+
     /// The term of the durable entry at `index`, if known.
     pub fn term_at(&self, index: Index) -> Option<Term> {
         if index == self.snapshot.index {
@@ -276,6 +296,9 @@ impl DurableState {
                 .filter(|e| e.index > self.snapshot.index)
                 .cloned()
                 .collect(),
+            // The register machine restarts from the snapshot, so every
+            // entry after it is applied again: the whole log is given.
+            outline: None,
             applied: self.snapshot.index,
         }
     }
@@ -314,6 +337,21 @@ impl DiskModel {
     /// What survives a crash now.
     pub fn synced(&self) -> &DurableState {
         &self.synced
+    }
+
+    /// Entries `from..=through` as a read of the disk gives them now (what
+    /// was written, synced or not, as the real log serves reads from what
+    /// it wrote), bounded by `max_bytes` as [`DurableState::load`] is.
+    /// `None` if the log no longer holds `from`.
+    pub fn load_written(&self, from: Index, through: Index, max_bytes: u64) -> Option<Vec<Entry>> {
+        if self.pending.is_empty() {
+            return self.synced.load(from, through, max_bytes);
+        }
+        let mut written = self.synced.clone();
+        for request in &self.pending {
+            written.apply_request(request).ok()?;
+        }
+        written.load(from, through, max_bytes)
     }
 
     /// Writes a request (not yet durable).

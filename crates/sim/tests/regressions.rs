@@ -334,3 +334,18 @@ fn seed_70673_snapshot_chunks_are_pipelined() {
 fn seed_86665_snapshot_chunks_are_pipelined() {
     assert_seed_passes_as_drawn(86665);
 }
+
+/// Seed 1801 with quiescence on, on the real storage: a leader loaded
+/// entries it no longer held in memory, some written but not yet synced.
+/// The real log served what it wrote; the simulator's model answered from
+/// the synced part only, and called the difference lost data. The model
+/// now answers from what was written, as every real log does.
+#[test]
+fn seed_1801_quiescent_a_load_of_written_unsynced_entries_is_not_lost_data() {
+    let mut config = SimConfig::random(1801, None);
+    config.apply_quiesce(ferry_sim::QuiesceMode::On);
+    let report = run_config(config);
+    if let Some(failure) = report.failure {
+        panic!("{failure}\nreplay: ferry sim --seed 1801 --quiesce on --trace");
+    }
+}

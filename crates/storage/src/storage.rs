@@ -61,7 +61,10 @@ impl GroupRecovery {
             hard_state,
             applied: snapshot.index,
             snapshot,
+            // The machine restarts from the snapshot and applies the log
+            // after it again, so every body after the snapshot is needed.
             entries: self.entries.clone(),
+            outline: None,
         }
     }
 }

@@ -460,6 +460,40 @@ impl Simulation {
         }
     }
 
+    /// Reads entries for a leader's load through the real storage, when
+    /// the run has it (and checks them against the model's), else returns
+    /// the model's. `None` when the storage failed (the run stops).
+    pub(super) fn real_load_entries(
+        &mut self,
+        id: NodeId,
+        group: GroupId,
+        (from, through, max_bytes): (Index, Index, u64),
+        model: Option<Vec<Entry>>,
+    ) -> Option<Option<Vec<Entry>>> {
+        let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) else {
+            return Some(model);
+        };
+        match real.load_entries(group, from, through, max_bytes) {
+            Ok(entries) => {
+                if let (Some(real_entries), Some(expected)) = (&entries, &model) {
+                    if real_entries != expected {
+                        let who = self.who(id, group);
+                        self.fail(
+                            FailureKind::Durability,
+                            format!("{who}: the stored log gives other entries from {from} than were synced"),
+                        );
+                        return None;
+                    }
+                }
+                Some(entries)
+            }
+            Err(e) => {
+                self.storage_failed(id, e);
+                None
+            }
+        }
+    }
+
     /// Injects one disk fault: a power loss in the middle of a coming
     /// write, a failed sync, or a damaged sector (at most one node with a
     /// damaged disk per run, and only while a replacement id is free, so a

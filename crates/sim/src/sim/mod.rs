@@ -107,6 +107,18 @@ enum Event {
         offset: u64,
         max_bytes: u64,
     },
+    EntriesLoaded {
+        node: NodeId,
+        group: GroupId,
+        incarnation: u64,
+        to: NodeId,
+        term: Term,
+        from: Index,
+        through: Index,
+        max_bytes: u64,
+        /// The disk fails the read: answered `None`.
+        failed: bool,
+    },
     ChunkSaved {
         node: NodeId,
         group: GroupId,
@@ -1501,6 +1513,38 @@ impl Simulation {
                     },
                 );
             }
+            Action::LoadEntries {
+                to,
+                term,
+                from,
+                through,
+                max_bytes,
+            } => {
+                // Some reads fail and some answers are lost (a worker
+                // dropped it, the node was busy): the engine must live
+                // with both.
+                let fate = self.rng.range(0, 100);
+                if fate < 5 {
+                    self.coverage.hit(Counter::EntriesLoadFailed);
+                    return;
+                }
+                let delay = self.rng.range(20, 300);
+                let incarnation = self.incarnation(id);
+                self.schedule(
+                    delay,
+                    Event::EntriesLoaded {
+                        node: id,
+                        group,
+                        incarnation,
+                        to,
+                        term,
+                        from,
+                        through,
+                        max_bytes,
+                        failed: fate < 10,
+                    },
+                );
+            }
             Action::SaveSnapshotChunk {
                 meta,
                 offset,
@@ -2146,6 +2190,50 @@ impl Simulation {
                         snapshot_index,
                         offset,
                         chunk,
+                    },
+                );
+            }
+            Event::EntriesLoaded {
+                node,
+                group,
+                incarnation,
+                to,
+                term,
+                from,
+                through,
+                max_bytes,
+                failed,
+            } => {
+                if self.incarnation(node) != incarnation {
+                    return;
+                }
+                let entries = if failed {
+                    self.coverage.hit(Counter::EntriesLoadFailed);
+                    None
+                } else {
+                    let model = self
+                        .nodes
+                        .get(&node)
+                        .and_then(|n| n.disk.group(group))
+                        .and_then(|d| d.load_written(from, through, max_bytes));
+                    let Some(entries) =
+                        self.real_load_entries(node, group, (from, through, max_bytes), model)
+                    else {
+                        return;
+                    };
+                    entries
+                };
+                if entries.is_some() {
+                    self.coverage.hit(Counter::EntriesLoadedFromStorage);
+                }
+                self.feed(
+                    node,
+                    group,
+                    Input::EntriesLoaded {
+                        to,
+                        term,
+                        from,
+                        entries,
                     },
                 );
             }
