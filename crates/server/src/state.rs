@@ -114,6 +114,18 @@ impl StateMachine {
         self.watches.cancel(stream_id, watch_id, self.kv.store());
     }
 
+    /// Cancels the stream's watchers whose keys `permitted` refuses (see
+    /// [`WatchHub::retain`]).
+    pub fn watch_retain(
+        &mut self,
+        stream_id: StreamId,
+        permitted: impl Fn(&[u8], &[u8]) -> bool,
+        reason: &str,
+    ) {
+        self.watches
+            .retain(stream_id, permitted, reason, self.kv.store());
+    }
+
     /// Periodic progress (see [`WatchHub::progress_tick`]).
     pub fn watch_progress_tick(&mut self, stream_id: StreamId) {
         self.watches.progress_tick(stream_id, self.kv.store());
