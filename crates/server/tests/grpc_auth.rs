@@ -910,3 +910,73 @@ async fn password_hashes_never_leave_the_server() {
     let shown = format!("{:?}", user_add("x", "hunter2"));
     assert!(!shown.contains("hunter2"), "{shown}");
 }
+
+fn jwt_server_options(method: &str, key: &str, ttl: &str) -> AuthOptions {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/keys");
+    let config = format!(
+        "jwt,pub-key={dir}/{key}.pub,priv-key={dir}/{key}.key,sign-method={method},ttl={ttl}"
+    );
+    AuthOptions {
+        bcrypt_cost: 4,
+        token: config.parse().unwrap(),
+        ..AuthOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn jwt_tokens_work_with_rs256_and_es256_and_get_old_with_the_auth_state() {
+    for (method, key) in [("RS256", "rs256"), ("ES256", "es256")] {
+        let server = Server::start_with(jwt_server_options(method, key, "5m")).await;
+        let root = server.enable_auth().await;
+        assert_eq!(root.split('.').count(), 3, "{method}: not a JWT: {root}");
+        server
+            .kv()
+            .put(as_user(put("a", "1"), &root))
+            .await
+            .unwrap();
+        // A forged or damaged token is invalid.
+        let mut forged = root.clone();
+        forged.pop();
+        forged.push(if root.ends_with('A') { 'B' } else { 'A' });
+        assert_status(
+            server.kv().range(as_user(range("a", ""), &forged)).await,
+            Code::Unauthenticated,
+            "etcdserver: invalid auth token",
+        );
+        // Any auth change makes earlier JWTs old: clients authenticate
+        // again on this error.
+        server
+            .auth()
+            .role_add(as_user(pb::AuthRoleAddRequest { name: "r".into() }, &root))
+            .await
+            .unwrap();
+        assert_status(
+            server.kv().range(as_user(range("a", ""), &root)).await,
+            Code::InvalidArgument,
+            "etcdserver: revision of auth store is old",
+        );
+        let fresh = server.login("root", "rootpw").await.unwrap();
+        server
+            .kv()
+            .range(as_user(range("a", ""), &fresh))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_expired_jwt_is_invalid() {
+    let server = Server::start_with(jwt_server_options("ES256", "es256", "1s")).await;
+    let root = server.enable_auth().await;
+    server
+        .kv()
+        .range(as_user(range("a", ""), &root))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_status(
+        server.kv().range(as_user(range("a", ""), &root)).await,
+        Code::Unauthenticated,
+        "etcdserver: invalid auth token",
+    );
+}
