@@ -737,14 +737,9 @@ impl<B: Backend> EtcdApi<B> {
                 // it (they are applied after it, under this same lock).
                 let revision = machine.kv().auth().revision();
                 if revision != watch_auth.checked_revision {
-                    let auth = machine.kv().auth().clone();
-                    let user = watch_auth.user.clone();
-                    machine.watch_retain(
+                    machine.watch_retain_permitted(
                         stream_id,
-                        |key, range_end| {
-                            auth.check_range(&user, key, range_end, Access::Read)
-                                .is_ok()
-                        },
+                        &watch_auth.user,
                         WATCH_PERMISSION_DENIED,
                     );
                     watch_auth.checked_revision = revision;

@@ -114,16 +114,19 @@ impl StateMachine {
         self.watches.cancel(stream_id, watch_id, self.kv.store());
     }
 
-    /// Cancels the stream's watchers whose keys `permitted` refuses (see
-    /// [`WatchHub::retain`]).
-    pub fn watch_retain(
-        &mut self,
-        stream_id: StreamId,
-        permitted: impl Fn(&[u8], &[u8]) -> bool,
-        reason: &str,
-    ) {
-        self.watches
-            .retain(stream_id, permitted, reason, self.kv.store());
+    /// Cancels the stream's watchers that `user` may no longer read, by
+    /// the auth state now (see [`WatchHub::retain`]).
+    pub fn watch_retain_permitted(&mut self, stream_id: StreamId, user: &str, reason: &str) {
+        let auth = self.kv.auth();
+        self.watches.retain(
+            stream_id,
+            |key, range_end| {
+                auth.check_range(user, key, range_end, crate::auth::Access::Read)
+                    .is_ok()
+            },
+            reason,
+            self.kv.store(),
+        );
     }
 
     /// Periodic progress (see [`WatchHub::progress_tick`]).
