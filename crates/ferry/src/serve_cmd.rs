@@ -140,6 +140,26 @@ pub struct ServeArgs {
     /// [default: 268435456]
     #[arg(long, value_name = "BYTES")]
     pub max_watch_queued_bytes: Option<usize>,
+    /// Which auth tokens Authenticate hands out, as etcd's flag: `simple`
+    /// (random, kept by this member with a TTL) or
+    /// `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m` (signed,
+    /// valid on every member with the public key; RS*, PS*, ES256, ES384,
+    /// EdDSA, or HS* with the key file's bytes as the secret).
+    /// [default: simple]
+    #[arg(long, value_name = "KIND[,OPTIONS]")]
+    pub auth_token: Option<String>,
+    /// How long a simple token lives without being used, in seconds (etcd's
+    /// flag). [default: 300]
+    #[arg(long, value_name = "SECONDS")]
+    pub auth_token_ttl: Option<u64>,
+    /// bcrypt's cost for password hashes, 4 to 31 (etcd's flag). Each step
+    /// doubles the time Authenticate takes. [default: 10]
+    #[arg(long, value_name = "COST")]
+    pub bcrypt_cost: Option<u32>,
+    /// A request without a token acts as the user named by its client
+    /// certificate's common name (etcd's flag; needs TLS).
+    #[arg(long)]
+    pub client_cert_auth: bool,
 }
 
 /// The largest `--max-request-bytes`: a request is one log entry, and an
@@ -178,6 +198,10 @@ struct ServeFile {
     max_watcher_queued_bytes: Option<usize>,
     max_watch_stream_queued_bytes: Option<usize>,
     max_watch_queued_bytes: Option<usize>,
+    auth_token: Option<String>,
+    auth_token_ttl: Option<u64>,
+    bcrypt_cost: Option<u32>,
+    client_cert_auth: Option<bool>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -401,6 +425,23 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     )? {
         config.watch_limits.node_queued_bytes_max = bytes;
     }
+    let auth = &mut config.api_options.auth;
+    if let Some(token) = args.auth_token.or(file.auth_token) {
+        auth.token = token.parse()?;
+    }
+    if let Some(seconds) = args.auth_token_ttl.or(file.auth_token_ttl) {
+        if seconds == 0 {
+            return Err("--auth-token-ttl must be at least 1 second".to_string());
+        }
+        auth.token_ttl = Duration::from_secs(seconds);
+    }
+    if let Some(cost) = args.bcrypt_cost.or(file.bcrypt_cost) {
+        if !(4..=31).contains(&cost) {
+            return Err(format!("--bcrypt-cost {cost}: bcrypt takes 4 to 31"));
+        }
+        auth.bcrypt_cost = cost;
+    }
+    auth.client_cert_auth = args.client_cert_auth || file.client_cert_auth.unwrap_or(false);
     Ok(config)
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ferry_server::pb::etcdserverpb::auth_client::AuthClient;
 use ferry_server::pb::etcdserverpb::cluster_client::ClusterClient;
 use ferry_server::pb::etcdserverpb::kv_client::KvClient;
 use ferry_server::pb::etcdserverpb::lease_client::LeaseClient;
@@ -2111,4 +2112,159 @@ async fn a_forged_append_is_detected_and_the_member_refuses_clients_until_repair
         .find(|id| *id != leader && *id != victim)
         .unwrap();
     assert_eq!(get(&cluster, other, "k").await.as_deref(), Some("after"));
+}
+
+/// `message` carrying `token` as etcd's clients send it.
+fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Ok(value) = token.parse() {
+        request.metadata_mut().insert("token", value);
+    }
+    request
+}
+
+/// Authenticates through node `id`; the token.
+async fn login(cluster: &Cluster, id: u64, name: &str, password: &str) -> String {
+    let request = ferry_server::pb::etcdserverpb::AuthenticateRequest {
+        name: name.into(),
+        password: password.into(),
+    };
+    retry(cluster, id, &format!("authenticate {name}"), |channel| {
+        let request = request.clone();
+        async move { AuthClient::new(channel).authenticate(request).await }
+    })
+    .await
+    .into_inner()
+    .token
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
+    use ferry_server::pb::authpb::{permission::Type as PermType, Permission};
+    use ferry_server::pb::etcdserverpb as pb;
+    // Snapshots every few entries, so that the restart restores the auth
+    // state from a snapshot as well as from the log.
+    let mut cluster = Cluster::with_args(
+        "auth",
+        3,
+        &[
+            "--bcrypt-cost",
+            "4",
+            "--snapshot-entries",
+            "8",
+            "--compaction-lag-entries",
+            "2",
+        ],
+    );
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let follower = a_follower(leader, &[1, 2, 3]);
+    let mut auth = AuthClient::new(connect(&cluster, leader).await);
+    for name in ["root", "alice"] {
+        auth.user_add(pb::AuthUserAddRequest {
+            name: name.into(),
+            password: format!("{name}-pw"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
+        user: "root".into(),
+        role: "root".into(),
+    })
+    .await
+    .unwrap();
+    auth.role_add(pb::AuthRoleAddRequest { name: "app".into() })
+        .await
+        .unwrap();
+    auth.role_grant_permission(pb::AuthRoleGrantPermissionRequest {
+        name: "app".into(),
+        perm: Some(Permission {
+            perm_type: PermType::Readwrite as i32,
+            key: "app/".into(),
+            range_end: "app0".into(),
+        }),
+    })
+    .await
+    .unwrap();
+    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
+        user: "alice".into(),
+        role: "app".into(),
+    })
+    .await
+    .unwrap();
+    auth.auth_enable(pb::AuthEnableRequest {}).await.unwrap();
+
+    // On a follower: alice may write under app/ and nowhere else; without
+    // a token nobody may.
+    let alice = login(&cluster, follower, "alice", "alice-pw").await;
+    let mut kv = KvClient::new(connect(&cluster, follower).await);
+    let put = |key: &str| PutRequest {
+        key: key.into(),
+        value: "v".into(),
+        ..Default::default()
+    };
+    kv.put(with_token(put("app/1"), &alice)).await.unwrap();
+    let denied = kv.put(with_token(put("other"), &alice)).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+    assert_eq!(denied.message(), "etcdserver: permission denied");
+    let anonymous = kv.put(put("app/2")).await.unwrap_err();
+    assert_eq!(anonymous.message(), "etcdserver: user name is empty");
+    // Enough writes for every member to snapshot past the auth changes.
+    let root = login(&cluster, leader, "root", "root-pw").await;
+    let mut leader_kv = KvClient::new(connect(&cluster, leader).await);
+    for i in 0..30 {
+        leader_kv
+            .put(with_token(put(&format!("fill-{i}")), &root))
+            .await
+            .unwrap();
+    }
+    let status = AuthClient::new(connect(&cluster, follower).await)
+        .auth_status(pb::AuthStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(status.enabled);
+
+    // Every member restarts (one crash, two clean stops).
+    cluster.kill(follower);
+    for id in [1, 2, 3] {
+        if id != follower {
+            cluster.stop(id);
+        }
+    }
+    for id in [1, 2, 3] {
+        cluster.start(id);
+    }
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    for id in [1, 2, 3] {
+        let after = retry(&cluster, id, "auth status", |channel| async move {
+            AuthClient::new(channel)
+                .auth_status(pb::AuthStatusRequest {})
+                .await
+        })
+        .await
+        .into_inner();
+        assert!(after.enabled, "node {id}");
+        assert_eq!(after.auth_revision, status.auth_revision, "node {id}");
+    }
+    // Simple tokens lived in the old processes' memory only.
+    let mut kv = KvClient::new(connect(&cluster, follower).await);
+    let stale = kv.put(with_token(put("app/3"), &alice)).await.unwrap_err();
+    assert_eq!(stale.message(), "etcdserver: invalid auth token");
+    let alice = login(&cluster, follower, "alice", "alice-pw").await;
+    kv.put(with_token(put("app/3"), &alice)).await.unwrap();
+    let denied = kv.put(with_token(put("other"), &alice)).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+    let wrong = AuthClient::new(connect(&cluster, follower).await)
+        .authenticate(pb::AuthenticateRequest {
+            name: "alice".into(),
+            password: "wrong".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        wrong.message(),
+        "etcdserver: authentication failed, invalid user ID or password"
+    );
 }

@@ -20,6 +20,8 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Access, AuthError, AuthStore, PASSWORD_BYTES_MAX};
+use crate::auth_token::{TokenConfig, Tokens, SIMPLE_TOKEN_TTL_DEFAULT};
 use crate::authority::AuthorityRepair;
 use crate::backend::{Backend, NodeStatus};
 use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
@@ -35,7 +37,7 @@ use crate::pb::etcdserverpb::lease_server::{Lease, LeaseServer};
 use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
 use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
-use crate::pb::ferrypb::Command;
+use crate::pb::ferrypb::{AuthStamp, Command};
 use crate::state::RANGE_KEYS_PER_LOCK;
 use crate::watch::StreamId;
 
@@ -66,6 +68,94 @@ fn refusal(status: &NodeStatus) -> Option<ApiError> {
 /// requests and sends them.
 const WATCH_OUTBOX_FLUSH_AT: usize = 64;
 
+/// Settings of authentication on this member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthOptions {
+    /// Which tokens Authenticate hands out (`--auth-token`).
+    pub token: TokenConfig,
+    /// TTL of simple tokens, renewed by each use (`--auth-token-ttl`).
+    pub token_ttl: Duration,
+    /// bcrypt's cost for new password hashes (`--bcrypt-cost`, etcd's
+    /// default 10; 4 to 31).
+    pub bcrypt_cost: u32,
+    /// Whether a client certificate's common name names the user of a
+    /// request that carries no token (`--client-cert-auth`).
+    pub client_cert_auth: bool,
+    /// bcrypt computations run at once on this member (each keeps a core
+    /// busy for tens of milliseconds at cost 10).
+    pub bcrypt_concurrency: usize,
+    /// Calls that may wait for a bcrypt slot; past them, Authenticate and
+    /// the password-setting calls answer `etcdserver: too many requests`.
+    pub bcrypt_waiting_max: usize,
+}
+
+/// Default of [`AuthOptions::bcrypt_cost`] (etcd's).
+pub const BCRYPT_COST_DEFAULT: u32 = 10;
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        AuthOptions {
+            token: TokenConfig::Simple,
+            token_ttl: SIMPLE_TOKEN_TTL_DEFAULT,
+            bcrypt_cost: BCRYPT_COST_DEFAULT,
+            client_cert_auth: false,
+            bcrypt_concurrency: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            bcrypt_waiting_max: 128,
+        }
+    }
+}
+
+/// What a request brings to say who sends it.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    /// The token from the `token` metadata (etcd's clients), or from
+    /// `authorization` (etcd's HTTP gateway), if any.
+    token: Option<String>,
+    /// The common name of the client's TLS certificate, if any.
+    peer_common_name: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("peer_common_name", &self.peer_common_name)
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// The credentials of a request: its token metadata, and the common
+    /// name of its client certificate, which the TLS layer reads from the
+    /// connection (`None` without TLS).
+    pub fn from_metadata(
+        metadata: &tonic::metadata::MetadataMap,
+        peer_common_name: Option<String>,
+    ) -> Credentials {
+        let token = ["token", "authorization"].iter().find_map(|key| {
+            let value = metadata.get(*key)?.to_str().ok()?;
+            let value = value.strip_prefix("Bearer ").unwrap_or(value).trim();
+            (!value.is_empty()).then(|| value.to_string())
+        });
+        Credentials {
+            token,
+            peer_common_name,
+        }
+    }
+
+    /// The credentials of `request` (see [`Credentials::from_metadata`]).
+    pub fn of<T>(request: &Request<T>) -> Credentials {
+        Credentials::from_metadata(request.metadata(), peer_common_name(request))
+    }
+}
+
+/// The common name of the client certificate `request` came with: the hook
+/// for `--client-cert-auth`. ferry serves no TLS yet, so there is none; the
+/// TLS listener fills this in from the verified peer certificate.
+fn peer_common_name<T>(_request: &Request<T>) -> Option<String> {
+    None
+}
+
 /// Settings of the API layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiOptions {
@@ -89,6 +179,8 @@ pub struct ApiOptions {
     pub connection_limits: ConnectionLimits,
     /// How long a client connection may stay silent.
     pub client_timeouts: ClientTimeouts,
+    /// Authentication settings.
+    pub auth: AuthOptions,
 }
 
 impl Default for ApiOptions {
@@ -100,6 +192,7 @@ impl Default for ApiOptions {
             grpc_message_size_bytes_max: 1536 * 1024 + GRPC_OVERHEAD_BYTES,
             connection_limits: ConnectionLimits::default(),
             client_timeouts: ClientTimeouts::default(),
+            auth: AuthOptions::default(),
         }
     }
 }
@@ -112,6 +205,11 @@ pub struct EtcdApi<B> {
     /// Turns true when the server stops, so that long-lived streams (watch,
     /// keep-alive) end and a graceful shutdown does not wait on them.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// This member's auth tokens.
+    tokens: Arc<Tokens>,
+    /// bcrypt computations running, and those running or waiting.
+    bcrypt_running: Arc<Semaphore>,
+    bcrypt_admitted: Arc<Semaphore>,
 }
 
 impl<B> Clone for EtcdApi<B> {
@@ -120,18 +218,137 @@ impl<B> Clone for EtcdApi<B> {
             backend: self.backend.clone(),
             options: self.options.clone(),
             stopping: self.stopping.clone(),
+            tokens: self.tokens.clone(),
+            bcrypt_running: self.bcrypt_running.clone(),
+            bcrypt_admitted: self.bcrypt_admitted.clone(),
         }
     }
 }
 
+/// Why a watch was refused or cancelled for lack of permission: the text
+/// etcd puts in `cancel_reason` (the gRPC error's text).
+const WATCH_PERMISSION_DENIED: &str =
+    "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
+
+/// The user a watch stream acts as, and the auth revision its watchers
+/// were last checked at.
+struct WatchAuth {
+    user: String,
+    checked_revision: u64,
+}
+
 impl<B: Backend> EtcdApi<B> {
-    /// The API over `backend`.
+    /// The API over `backend`, with simple tokens (JWTs need keys loaded:
+    /// see [`EtcdApi::with_tokens`]; with a JWT configuration this falls
+    /// back to simple tokens and says so).
     pub fn new(backend: Arc<B>, options: ApiOptions) -> EtcdApi<B> {
+        let tokens =
+            Tokens::new(&options.auth.token, options.auth.token_ttl).unwrap_or_else(|error| {
+                tracing::error!(%error, "auth tokens: using simple tokens instead");
+                Tokens::simple(options.auth.token_ttl)
+            });
+        EtcdApi::with_tokens(backend, options, Arc::new(tokens))
+    }
+
+    /// The API over `backend` with the given token provider.
+    pub fn with_tokens(backend: Arc<B>, options: ApiOptions, tokens: Arc<Tokens>) -> EtcdApi<B> {
+        let running = options.auth.bcrypt_concurrency.max(1);
+        let admitted = options
+            .auth
+            .bcrypt_waiting_max
+            .max(1)
+            .saturating_add(running);
         EtcdApi {
             backend,
             options,
             stopping: tokio::sync::watch::Sender::new(false),
+            tokens,
+            bcrypt_running: Arc::new(Semaphore::new(running.min(Semaphore::MAX_PERMITS))),
+            bcrypt_admitted: Arc::new(Semaphore::new(admitted.min(Semaphore::MAX_PERMITS))),
         }
+    }
+
+    /// The user `credentials` name by the auth state `auth`: empty while
+    /// auth is off (tokens are then ignored, as etcd does) or when the
+    /// request brings none. A token wins over a certificate's name.
+    fn caller_in(&self, auth: &AuthStore, credentials: &Credentials) -> Result<String, AuthError> {
+        if !auth.enabled() {
+            return Ok(String::new());
+        }
+        if let Some(token) = &credentials.token {
+            return self.tokens.resolve(token, auth);
+        }
+        if self.options.auth.client_cert_auth {
+            if let Some(name) = &credentials.peer_common_name {
+                return Ok(name.clone());
+            }
+        }
+        Ok(String::new())
+    }
+
+    /// The user a request acts as, and the auth revision that was read at.
+    fn caller(&self, credentials: &Credentials) -> Result<(String, u64), Status> {
+        let machine = self.backend.state().lock();
+        let auth = machine.kv().auth();
+        let user = self.caller_in(auth, credentials).map_err(ApiError::from)?;
+        Ok((user, auth.revision()))
+    }
+
+    /// Checks `check` against the auth state for the request's caller.
+    fn authorize_with(
+        &self,
+        credentials: &Credentials,
+        check: impl FnOnce(&AuthStore, &str) -> Result<(), AuthError>,
+    ) -> Result<String, Status> {
+        let machine = self.backend.state().lock();
+        let auth = machine.kv().auth();
+        let user = self.caller_in(auth, credentials).map_err(ApiError::from)?;
+        check(auth, &user).map_err(ApiError::from)?;
+        Ok(user)
+    }
+
+    /// Only root may (with auth on).
+    fn require_admin(&self, credentials: &Credentials) -> Result<(), Status> {
+        self.authorize_with(credentials, |auth, user| auth.check_admin(user))
+            .map(drop)
+    }
+
+    /// Runs a bcrypt computation on a blocking thread, at most
+    /// [`AuthOptions::bcrypt_concurrency`] at once; refuses it when too
+    /// many wait already.
+    async fn bcrypt<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Status> {
+        let _admitted = self
+            .bcrypt_admitted
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::from(AuthError::TooManyRequests))?;
+        let _running = self
+            .bcrypt_running
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::Stopped)?;
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|error| ApiError::Internal(format!("the bcrypt task failed: {error}")).into())
+    }
+
+    /// The bcrypt hash of a new password, or etcd's refusal of it.
+    async fn hash_password(&self, password: String) -> Result<String, Status> {
+        if password.len() > PASSWORD_BYTES_MAX {
+            return Err(ApiError::from(AuthError::Bound {
+                what: "a password must be shorter (bcrypt reads only its first 72 bytes)",
+                max: PASSWORD_BYTES_MAX,
+            })
+            .into());
+        }
+        let cost = self.options.auth.bcrypt_cost;
+        self.bcrypt(move || bcrypt::hash(password.as_bytes(), cost))
+            .await?
+            .map_err(|error| ApiError::Internal(format!("bcrypt: {error}")).into())
     }
 
     /// Ends every open watch and keep-alive stream (their clients see the
@@ -147,8 +364,8 @@ impl<B: Backend> EtcdApi<B> {
         let _ = stopping.wait_for(|stop| *stop).await;
     }
 
-    /// All services (KV, Watch, Lease, Cluster, Maintenance, and Auth
-    /// answering Unimplemented), ready for a tonic server.
+    /// All services (KV, Watch, Lease, Cluster, Maintenance, Auth), ready
+    /// for a tonic server.
     pub fn routes(&self) -> tonic::service::Routes {
         // Room for the largest request the state machine accepts plus
         // framing, so an oversized request gets etcd's error from our check.
@@ -168,7 +385,7 @@ impl<B: Backend> EtcdApi<B> {
             .add_service(LeaseServer::new(self.clone()).max_decoding_message_size(size_max))
             .add_service(ClusterServer::new(self.clone()).max_decoding_message_size(size_max))
             .add_service(MaintenanceServer::new(self.clone()).max_decoding_message_size(size_max))
-            .add_service(AuthServer::new(self.clone()))
+            .add_service(AuthServer::new(self.clone()).max_decoding_message_size(size_max))
     }
 
     /// Serves the API on `listener` until `shutdown` resolves.
@@ -253,21 +470,46 @@ impl<B: Backend> EtcdApi<B> {
         refusal(&self.backend.status()).map_or(Ok(()), |error| Err(error.into()))
     }
 
-    async fn propose(&self, mut command: Command) -> Result<CommandResponse, Status> {
+    async fn propose(
+        &self,
+        credentials: &Credentials,
+        mut command: Command,
+    ) -> Result<CommandResponse, Status> {
         self.serving()?;
         {
             // Refuse what can be refused before it costs a log entry, and
             // write the limits it was admitted under into the command, for
-            // every replica to apply it under the same ones.
+            // every replica to apply it under the same ones; likewise who
+            // asked and the auth revision it was authorized at.
             let machine = self.backend.state().lock();
             let kv = machine.kv();
             command.bounds = Some(kv.limits().command_bounds());
             kv.validate(&command).map_err(ApiError::from)?;
+            let user = self
+                .caller_in(kv.auth(), credentials)
+                .map_err(ApiError::from)?;
+            kv.authorize(&user, &command).map_err(ApiError::from)?;
+            command.auth = Some(AuthStamp {
+                user,
+                revision: kv.auth().revision(),
+            });
             if let Some(CommandKind::Txn(txn)) = &command.kind {
                 kv.admit_txn_response(txn).map_err(ApiError::from)?;
             }
         }
         Ok(self.backend.propose(command).await?)
+    }
+
+    /// Proposes an auth change and answers with a header.
+    async fn propose_auth(
+        &self,
+        credentials: &Credentials,
+        kind: CommandKind,
+    ) -> Result<pb::ResponseHeader, Status> {
+        match self.propose(credentials, command(kind)).await? {
+            CommandResponse::AuthChanged { .. } => Ok(self.header(self.current_revision())),
+            other => Err(unexpected(other)),
+        }
     }
 }
 
@@ -281,6 +523,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let request = request.into_inner();
         self.serving()?;
         if request.key.is_empty() {
@@ -289,6 +532,11 @@ impl<B: Backend> Kv for EtcdApi<B> {
         if !request.serializable {
             self.backend.read_index().await?;
         }
+        // After the barrier: the auth state checked is at least as new as
+        // the data read.
+        self.authorize_with(&credentials, |auth, user| {
+            auth.check_range(user, &request.key, &request.range_end, Access::Read)
+        })?;
         // In steps, without holding the applier's lock for the whole scan
         // and never while the response is built (see
         // `SharedState::range_in_steps`). A small range is done here; a
@@ -318,8 +566,12 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
+        let credentials = Credentials::of(&request);
         match self
-            .propose(command(CommandKind::Put(request.into_inner())))
+            .propose(
+                &credentials,
+                command(CommandKind::Put(request.into_inner())),
+            )
             .await?
         {
             CommandResponse::Put(mut response) => {
@@ -334,8 +586,12 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let credentials = Credentials::of(&request);
         match self
-            .propose(command(CommandKind::DeleteRange(request.into_inner())))
+            .propose(
+                &credentials,
+                command(CommandKind::DeleteRange(request.into_inner())),
+            )
             .await?
         {
             CommandResponse::DeleteRange(mut response) => {
@@ -350,8 +606,12 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<Response<pb::TxnResponse>, Status> {
+        let credentials = Credentials::of(&request);
         match self
-            .propose(command(CommandKind::Txn(request.into_inner())))
+            .propose(
+                &credentials,
+                command(CommandKind::Txn(request.into_inner())),
+            )
             .await?
         {
             CommandResponse::Txn(mut response) => {
@@ -382,8 +642,12 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
+        let credentials = Credentials::of(&request);
         match self
-            .propose(command(CommandKind::Compact(request.into_inner())))
+            .propose(
+                &credentials,
+                command(CommandKind::Compact(request.into_inner())),
+            )
             .await?
         {
             CommandResponse::Compact(mut response) => {
@@ -454,13 +718,34 @@ impl<B: Backend> EtcdApi<B> {
 
     /// Sends everything the hub has for the stream; `false` when the client
     /// is gone.
-    async fn flush_watch(&self, stream_id: StreamId, outgoing: &WatchOutgoing) -> bool {
+    async fn flush_watch(
+        &self,
+        stream_id: StreamId,
+        outgoing: &WatchOutgoing,
+        watch_auth: &mut WatchAuth,
+    ) -> bool {
         loop {
             if let Some(error) = refusal(&self.backend.status()) {
                 self.send_watch(outgoing, Err(error.into())).await;
                 return false;
             }
-            let (responses, behind) = { self.backend.state().lock().watch_drain(stream_id) };
+            let (responses, behind) = {
+                let mut machine = self.backend.state().lock();
+                // The auth state changed since the watchers were checked:
+                // check them again before handing out any more events, so
+                // that a revoked permission stops the events that follow
+                // it (they are applied after it, under this same lock).
+                let revision = machine.kv().auth().revision();
+                if revision != watch_auth.checked_revision {
+                    machine.watch_retain_permitted(
+                        stream_id,
+                        &watch_auth.user,
+                        WATCH_PERMISSION_DENIED,
+                    );
+                    watch_auth.checked_revision = revision;
+                }
+                machine.watch_drain(stream_id)
+            };
             for mut response in responses {
                 self.fill(&mut response.header);
                 if !self.send_watch(outgoing, Ok(response)).await {
@@ -479,6 +764,7 @@ impl<B: Backend> EtcdApi<B> {
         wake: Arc<tokio::sync::Notify>,
         mut incoming: Streaming<pb::WatchRequest>,
         outgoing: WatchOutgoing,
+        mut watch_auth: WatchAuth,
     ) {
         let _guard = StreamGuard {
             backend: self.backend.clone(),
@@ -502,7 +788,25 @@ impl<B: Backend> EtcdApi<B> {
                         let mut machine = self.backend.state().lock();
                         match request.request_union {
                             Some(RequestUnion::CreateRequest(create)) => {
-                                machine.watch_create(stream_id, &create);
+                                let permitted = machine.kv().auth().check_range(
+                                    &watch_auth.user,
+                                    &create.key,
+                                    &create.range_end,
+                                    Access::Read,
+                                );
+                                if permitted.is_ok() {
+                                    machine.watch_create(stream_id, &create);
+                                } else {
+                                    // etcd's answer: created and cancelled
+                                    // at once, with watch id -1.
+                                    let revision = machine.kv().store().revision();
+                                    machine.watches.refuse(
+                                        stream_id,
+                                        -1,
+                                        WATCH_PERMISSION_DENIED,
+                                        revision,
+                                    );
+                                }
                             }
                             Some(RequestUnion::CancelRequest(cancel)) => {
                                 machine.watch_cancel(stream_id, cancel.watch_id);
@@ -517,12 +821,12 @@ impl<B: Backend> EtcdApi<B> {
                     };
                     // Answer before reading more, so that a client that only
                     // sends cannot grow the outbox without bound.
-                    if backlog >= WATCH_OUTBOX_FLUSH_AT && !self.flush_watch(stream_id, &outgoing).await {
+                    if backlog >= WATCH_OUTBOX_FLUSH_AT && !self.flush_watch(stream_id, &outgoing, &mut watch_auth).await {
                         return;
                     }
                 }
                 _ = wake.notified() => {
-                    if !self.flush_watch(stream_id, &outgoing).await {
+                    if !self.flush_watch(stream_id, &outgoing, &mut watch_auth).await {
                         return;
                     }
                 }
@@ -550,6 +854,7 @@ impl<B: Backend> Watch for EtcdApi<B> {
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
+        let (user, checked_revision) = self.caller(&Credentials::of(&request))?;
         let opened = self.backend.state().lock().watches.open_stream();
         let Some((stream_id, wake)) = opened else {
             return Err(Status::resource_exhausted(
@@ -571,6 +876,10 @@ impl<B: Backend> Watch for EtcdApi<B> {
             wake,
             request.into_inner(),
             outgoing,
+            WatchAuth {
+                user,
+                checked_revision,
+            },
         ));
         // The budget a response held is given back as the client side
         // takes it.
@@ -588,13 +897,14 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let request = request.into_inner();
         let grant = LeaseGrantCommand {
             id: request.id,
             ttl_seconds: request.ttl,
         };
         match self
-            .propose(command(CommandKind::LeaseGrant(grant)))
+            .propose(&credentials, command(CommandKind::LeaseGrant(grant)))
             .await?
         {
             CommandResponse::LeaseGrant(mut response) => {
@@ -609,11 +919,12 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let revoke = LeaseRevokeCommand {
             id: request.into_inner().id,
         };
         match self
-            .propose(command(CommandKind::LeaseRevoke(revoke)))
+            .propose(&credentials, command(CommandKind::LeaseRevoke(revoke)))
             .await?
         {
             CommandResponse::LeaseRevoke(mut response) => {
@@ -631,6 +942,9 @@ impl<B: Backend> Lease for EtcdApi<B> {
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         self.serving()?;
+        self.authorize_with(&Credentials::of(&request), |auth, user| {
+            auth.check_user(user)
+        })?;
         let mut incoming = request.into_inner();
         let (outgoing, receiver) = mpsc::channel(self.options.stream_buffer_responses_max);
         let api = self.clone();
@@ -671,7 +985,24 @@ impl<B: Backend> Lease for EtcdApi<B> {
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         self.serving()?;
+        let credentials = Credentials::of(&request);
         let request = request.into_inner();
+        {
+            // The keys are told only to whom may read them.
+            let machine = self.backend.state().lock();
+            let kv = machine.kv();
+            let user = self
+                .caller_in(kv.auth(), &credentials)
+                .map_err(ApiError::from)?;
+            kv.auth().check_user(&user).map_err(ApiError::from)?;
+            if let (true, Some(record)) = (request.keys, kv.leases().get(&request.id)) {
+                for key in &record.keys {
+                    kv.auth()
+                        .check_range(&user, key, &[], Access::Read)
+                        .map_err(ApiError::from)?;
+                }
+            }
+        }
         let remaining = self.backend.lease_time_to_live(request.id).await?;
         let (granted, keys, revision) = {
             let machine = self.backend.state().lock();
@@ -707,9 +1038,12 @@ impl<B: Backend> Lease for EtcdApi<B> {
 
     async fn lease_leases(
         &self,
-        _request: Request<pb::LeaseLeasesRequest>,
+        request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
         self.serving()?;
+        self.authorize_with(&Credentials::of(&request), |auth, user| {
+            auth.check_user(user)
+        })?;
         self.backend.read_index().await?;
         let (leases, revision) = {
             let machine = self.backend.state().lock();
@@ -737,6 +1071,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
         self.serving()?;
+        self.require_admin(&Credentials::of(&request))?;
         let request = request.into_inner();
         let (member, members) = self
             .backend
@@ -754,6 +1089,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
         self.serving()?;
+        self.require_admin(&Credentials::of(&request))?;
         let members = self.backend.member_remove(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberRemoveResponse {
             header: Some(self.header(self.current_revision())),
@@ -785,6 +1121,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         self.serving()?;
+        self.require_admin(&Credentials::of(&request))?;
         let members = self.backend.member_promote(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberPromoteResponse {
             header: Some(self.header(self.current_revision())),
@@ -803,7 +1140,13 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction;
-        match AlarmAction::try_from(request.into_inner().action) {
+        let credentials = Credentials::of(&request);
+        let action = AlarmAction::try_from(request.into_inner().action);
+        if action != Ok(AlarmAction::Get) {
+            // Anyone may list alarms (etcdctl's health check does).
+            self.require_admin(&credentials)?;
+        }
+        match action {
             // ferry raises no alarms, so the list is always empty.
             Ok(AlarmAction::Get) => Ok(Response::new(pb::AlarmResponse {
                 header: Some(self.header(self.current_revision())),
@@ -849,15 +1192,17 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
 
     async fn defragment(
         &self,
-        _request: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        self.require_admin(&Credentials::of(&request))?;
         Err(ApiError::Unimplemented("Defragment (ferry's store needs no defragmentation)").into())
     }
 
     async fn hash(
         &self,
-        _request: Request<pb::HashRequest>,
+        request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
+        self.require_admin(&Credentials::of(&request))?;
         Err(ApiError::Unimplemented("Hash").into())
     }
 
@@ -866,6 +1211,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
         self.serving()?;
+        self.require_admin(&Credentials::of(&request))?;
         let requested = request.into_inner().revision;
         let (hash, compact_revision, current) = {
             let machine = self.backend.state().lock();
@@ -888,152 +1234,396 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
 
     async fn snapshot(
         &self,
-        _request: Request<pb::SnapshotRequest>,
+        request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.require_admin(&Credentials::of(&request))?;
         Err(ApiError::Unimplemented("Snapshot (etcd's bbolt backup format)").into())
     }
 
     async fn move_leader(
         &self,
-        _request: Request<pb::MoveLeaderRequest>,
+        request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        self.require_admin(&Credentials::of(&request))?;
         Err(ApiError::Unimplemented("MoveLeader").into())
     }
 
     async fn downgrade(
         &self,
-        _request: Request<pb::DowngradeRequest>,
+        request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        self.require_admin(&Credentials::of(&request))?;
         Err(ApiError::Unimplemented("Downgrade").into())
     }
 }
 
-/// ferry has no users, roles or tokens; every Auth call says so.
-fn auth_unsupported(method: &str) -> Status {
-    Status::unimplemented(format!(
-        "ferry: authentication is not supported (Auth/{method}); ferry serves every client without credentials"
-    ))
+/// A bcrypt hash that matches no password, checked when the user is
+/// unknown or has no password, so that a wrong name costs as long as a
+/// wrong password and Authenticate does not tell which users exist.
+fn decoy_hash(cost: u32) -> Option<&'static str> {
+    static DECOY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    DECOY
+        .get_or_init(|| bcrypt::hash(b"ferry: no such user", cost).ok())
+        .as_deref()
 }
 
 #[tonic::async_trait]
 impl<B: Backend> Auth for EtcdApi<B> {
     async fn auth_enable(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("AuthEnable"))
+        request: Request<pb::AuthEnableRequest>,
+    ) -> Result<Response<pb::AuthEnableResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(&credentials, CommandKind::AuthEnable(request.into_inner()))
+            .await?;
+        Ok(Response::new(pb::AuthEnableResponse {
+            header: Some(header),
+        }))
     }
 
     async fn auth_disable(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("AuthDisable"))
+        request: Request<pb::AuthDisableRequest>,
+    ) -> Result<Response<pb::AuthDisableResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(&credentials, CommandKind::AuthDisable(request.into_inner()))
+            .await?;
+        Ok(Response::new(pb::AuthDisableResponse {
+            header: Some(header),
+        }))
     }
 
     async fn auth_status(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("AuthStatus"))
+        _request: Request<pb::AuthStatusRequest>,
+    ) -> Result<Response<pb::AuthStatusResponse>, Status> {
+        self.serving()?;
+        self.backend.read_index().await?;
+        let (enabled, auth_revision) = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            (auth.enabled(), auth.revision())
+        };
+        Ok(Response::new(pb::AuthStatusResponse {
+            header: Some(self.header(self.current_revision())),
+            enabled,
+            auth_revision,
+        }))
     }
 
     async fn authenticate(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("Authenticate"))
+        request: Request<pb::AuthenticateRequest>,
+    ) -> Result<Response<pb::AuthenticateResponse>, Status> {
+        self.serving()?;
+        let request = request.into_inner();
+        // The newest passwords: a change committed before this call counts.
+        self.backend.read_index().await?;
+        let (hash, revision) = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            if !auth.enabled() {
+                return Err(ApiError::from(AuthError::AuthNotEnabled).into());
+            }
+            (auth.password_hash(&request.name).cloned(), auth.revision())
+        };
+        if request.name.is_empty() || request.password.len() > PASSWORD_BYTES_MAX {
+            return Err(ApiError::from(AuthError::AuthFailed).into());
+        }
+        let cost = self.options.auth.bcrypt_cost;
+        let checked = hash.clone();
+        let password = request.password;
+        let verified = self
+            .bcrypt(move || match &checked {
+                Some(hash) => bcrypt::verify(password.as_bytes(), hash.as_str()).unwrap_or(false),
+                None => {
+                    if let Some(decoy) = decoy_hash(cost) {
+                        let _ = bcrypt::verify(password.as_bytes(), decoy);
+                    }
+                    false
+                }
+            })
+            .await?;
+        let Some(hash) = hash.filter(|_| verified) else {
+            return Err(ApiError::from(AuthError::AuthFailed).into());
+        };
+        let token = self
+            .tokens
+            .assign(&request.name, Some(&hash), revision)
+            .map_err(ApiError::from)?;
+        Ok(Response::new(pb::AuthenticateResponse {
+            header: Some(self.header(self.current_revision())),
+            token,
+        }))
     }
 
     async fn user_add(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserAdd"))
+        request: Request<pb::AuthUserAddRequest>,
+    ) -> Result<Response<pb::AuthUserAddResponse>, Status> {
+        self.serving()?;
+        let credentials = Credentials::of(&request);
+        let mut request = request.into_inner();
+        // Who may add users is checked before bcrypt spends any time.
+        self.require_admin(&credentials)?;
+        if request.name.is_empty() {
+            return Err(ApiError::from(AuthError::UserEmpty).into());
+        }
+        let no_password = request.options.as_ref().is_some_and(|o| o.no_password);
+        if no_password {
+            request.hashed_password.clear();
+        } else if request.hashed_password.is_empty() || !request.password.is_empty() {
+            request.hashed_password = self
+                .hash_password(std::mem::take(&mut request.password))
+                .await?;
+        }
+        request.password.clear();
+        let header = self
+            .propose_auth(&credentials, CommandKind::UserAdd(request))
+            .await?;
+        Ok(Response::new(pb::AuthUserAddResponse {
+            header: Some(header),
+        }))
     }
 
     async fn user_get(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserGet"))
+        request: Request<pb::AuthUserGetRequest>,
+    ) -> Result<Response<pb::AuthUserGetResponse>, Status> {
+        self.serving()?;
+        let credentials = Credentials::of(&request);
+        let request = request.into_inner();
+        self.backend.read_index().await?;
+        let roles = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            // A user may read itself; everyone else, only root.
+            if !(auth.enabled() && user == request.name && !user.is_empty()) {
+                auth.check_admin(&user).map_err(ApiError::from)?;
+            }
+            match auth.users().get(&request.name) {
+                Some(record) => record.roles.iter().cloned().collect(),
+                None => return Err(ApiError::from(AuthError::UserNotFound).into()),
+            }
+        };
+        Ok(Response::new(pb::AuthUserGetResponse {
+            header: Some(self.header(self.current_revision())),
+            roles,
+        }))
     }
 
     async fn user_list(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserList"))
+        request: Request<pb::AuthUserListRequest>,
+    ) -> Result<Response<pb::AuthUserListResponse>, Status> {
+        self.serving()?;
+        let credentials = Credentials::of(&request);
+        self.backend.read_index().await?;
+        let users = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            auth.check_admin(&user).map_err(ApiError::from)?;
+            auth.users().keys().cloned().collect()
+        };
+        Ok(Response::new(pb::AuthUserListResponse {
+            header: Some(self.header(self.current_revision())),
+            users,
+        }))
     }
 
     async fn user_delete(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserDelete"))
+        request: Request<pb::AuthUserDeleteRequest>,
+    ) -> Result<Response<pb::AuthUserDeleteResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let request = request.into_inner();
+        let name = request.name.clone();
+        let header = self
+            .propose_auth(&credentials, CommandKind::UserDelete(request))
+            .await?;
+        self.tokens.forget_user(&name);
+        Ok(Response::new(pb::AuthUserDeleteResponse {
+            header: Some(header),
+        }))
     }
 
     async fn user_change_password(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserChangePassword"))
+        request: Request<pb::AuthUserChangePasswordRequest>,
+    ) -> Result<Response<pb::AuthUserChangePasswordResponse>, Status> {
+        self.serving()?;
+        let credentials = Credentials::of(&request);
+        let mut request = request.into_inner();
+        // Root, or the user itself, before bcrypt spends any time.
+        let name = request.name.clone();
+        self.authorize_with(&credentials, |auth, user| {
+            if auth.enabled() && user == name && !user.is_empty() {
+                auth.check_user(user)
+            } else {
+                auth.check_admin(user)
+            }
+        })?;
+        if request.name.is_empty() {
+            return Err(ApiError::from(AuthError::UserEmpty).into());
+        }
+        if request.hashed_password.is_empty() || !request.password.is_empty() {
+            request.hashed_password = self
+                .hash_password(std::mem::take(&mut request.password))
+                .await?;
+        }
+        request.password.clear();
+        let header = self
+            .propose_auth(&credentials, CommandKind::UserChangePassword(request))
+            .await?;
+        self.tokens.forget_user(&name);
+        Ok(Response::new(pb::AuthUserChangePasswordResponse {
+            header: Some(header),
+        }))
     }
 
     async fn user_grant_role(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserGrantRole"))
+        request: Request<pb::AuthUserGrantRoleRequest>,
+    ) -> Result<Response<pb::AuthUserGrantRoleResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(
+                &credentials,
+                CommandKind::UserGrantRole(request.into_inner()),
+            )
+            .await?;
+        Ok(Response::new(pb::AuthUserGrantRoleResponse {
+            header: Some(header),
+        }))
     }
 
     async fn user_revoke_role(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("UserRevokeRole"))
+        request: Request<pb::AuthUserRevokeRoleRequest>,
+    ) -> Result<Response<pb::AuthUserRevokeRoleResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(
+                &credentials,
+                CommandKind::UserRevokeRole(request.into_inner()),
+            )
+            .await?;
+        Ok(Response::new(pb::AuthUserRevokeRoleResponse {
+            header: Some(header),
+        }))
     }
 
     async fn role_add(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("RoleAdd"))
+        request: Request<pb::AuthRoleAddRequest>,
+    ) -> Result<Response<pb::AuthRoleAddResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(&credentials, CommandKind::RoleAdd(request.into_inner()))
+            .await?;
+        Ok(Response::new(pb::AuthRoleAddResponse {
+            header: Some(header),
+        }))
     }
 
     async fn role_get(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("RoleGet"))
+        request: Request<pb::AuthRoleGetRequest>,
+    ) -> Result<Response<pb::AuthRoleGetResponse>, Status> {
+        self.serving()?;
+        let credentials = Credentials::of(&request);
+        let request = request.into_inner();
+        self.backend.read_index().await?;
+        let perm = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            // A user may read the roles it has; everyone else, only root.
+            let has_role = auth
+                .users()
+                .get(&user)
+                .is_some_and(|u| u.roles.contains(&request.role));
+            if !(auth.enabled() && has_role) {
+                auth.check_admin(&user).map_err(ApiError::from)?;
+            }
+            match auth.roles().get(&request.role) {
+                Some(perms) => perms.clone(),
+                None => return Err(ApiError::from(AuthError::RoleNotFound).into()),
+            }
+        };
+        Ok(Response::new(pb::AuthRoleGetResponse {
+            header: Some(self.header(self.current_revision())),
+            perm,
+        }))
     }
 
     async fn role_list(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("RoleList"))
+        request: Request<pb::AuthRoleListRequest>,
+    ) -> Result<Response<pb::AuthRoleListResponse>, Status> {
+        self.serving()?;
+        let credentials = Credentials::of(&request);
+        self.backend.read_index().await?;
+        let roles = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            auth.check_admin(&user).map_err(ApiError::from)?;
+            auth.roles().keys().cloned().collect()
+        };
+        Ok(Response::new(pb::AuthRoleListResponse {
+            header: Some(self.header(self.current_revision())),
+            roles,
+        }))
     }
 
     async fn role_delete(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("RoleDelete"))
+        request: Request<pb::AuthRoleDeleteRequest>,
+    ) -> Result<Response<pb::AuthRoleDeleteResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(&credentials, CommandKind::RoleDelete(request.into_inner()))
+            .await?;
+        Ok(Response::new(pb::AuthRoleDeleteResponse {
+            header: Some(header),
+        }))
     }
 
     async fn role_grant_permission(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("RoleGrantPermission"))
+        request: Request<pb::AuthRoleGrantPermissionRequest>,
+    ) -> Result<Response<pb::AuthRoleGrantPermissionResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(
+                &credentials,
+                CommandKind::RoleGrantPermission(request.into_inner()),
+            )
+            .await?;
+        Ok(Response::new(pb::AuthRoleGrantPermissionResponse {
+            header: Some(header),
+        }))
     }
 
     async fn role_revoke_permission(
         &self,
-        _request: Request<pb::AuthUnsupportedRequest>,
-    ) -> Result<Response<pb::AuthUnsupportedResponse>, Status> {
-        Err(auth_unsupported("RoleRevokePermission"))
+        request: Request<pb::AuthRoleRevokePermissionRequest>,
+    ) -> Result<Response<pb::AuthRoleRevokePermissionResponse>, Status> {
+        let credentials = Credentials::of(&request);
+        let header = self
+            .propose_auth(
+                &credentials,
+                CommandKind::RoleRevokePermission(request.into_inner()),
+            )
+            .await?;
+        Ok(Response::new(pb::AuthRoleRevokePermissionResponse {
+            header: Some(header),
+        }))
     }
 }
 

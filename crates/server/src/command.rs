@@ -9,7 +9,9 @@ use prost::Message;
 
 use crate::error::CodecError;
 pub use crate::pb::ferrypb::command::Kind as CommandKind;
-pub use crate::pb::ferrypb::{Command, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand};
+pub use crate::pb::ferrypb::{
+    AuthStamp, Command, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand,
+};
 
 /// The format byte of encoded commands written by this build.
 pub const COMMAND_FORMAT_VERSION: u8 = 1;
@@ -19,6 +21,7 @@ pub fn command(kind: CommandKind) -> Command {
     Command {
         kind: Some(kind),
         bounds: None,
+        auth: None,
     }
 }
 

@@ -66,6 +66,9 @@ pub enum KvError {
     /// `ignore_lease` was set together with a lease.
     #[error("etcdserver: lease is provided")]
     LeaseProvided,
+    /// An auth call or a permission check failed.
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
     /// A command could not be decoded from the log.
     #[error("ferry: cannot decode state machine command: {0}")]
     Decode(#[from] CodecError),
@@ -186,6 +189,12 @@ pub enum ApiError {
     Internal(String),
 }
 
+impl From<crate::auth::AuthError> for ApiError {
+    fn from(error: crate::auth::AuthError) -> Self {
+        ApiError::Kv(KvError::Auth(error))
+    }
+}
+
 impl From<CodecError> for ApiError {
     fn from(error: CodecError) -> Self {
         ApiError::Kv(KvError::Decode(error))
@@ -211,6 +220,7 @@ impl From<ApiError> for tonic::Status {
                 }
                 KvError::LeaseNotFound => Code::NotFound,
                 KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
+                KvError::Auth(auth) => auth.code(),
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
             },
             // Unavailable: etcd clients move to another endpoint on it.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
+use crate::auth::{Access, AuthStore};
 use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
 use crate::mvcc::{kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, Version};
@@ -185,6 +186,11 @@ pub enum CommandResponse {
     LeaseRevoke(LeaseRevokeResponse),
     /// A member's addresses were recorded.
     MemberRecorded,
+    /// An auth change was applied (or was a no-op, as etcd allows).
+    AuthChanged {
+        /// The auth revision afterwards.
+        auth_revision: u64,
+    },
     /// The leases an expiry command actually removed.
     LeaseExpire {
         /// Ids of removed leases.
@@ -216,6 +222,8 @@ pub struct KvState {
     limits: KvLimits,
     /// Where members added at run time can be reached, by id.
     members: BTreeMap<u64, ferrypb::MemberRecordCommand>,
+    /// Users, roles and permissions.
+    auth: AuthStore,
 }
 
 /// A write transaction in progress: one revision, ops numbered in order.
@@ -281,7 +289,125 @@ impl KvState {
             applied_index: 0,
             limits,
             members: BTreeMap::new(),
+            auth: AuthStore::new(),
         }
+    }
+
+    /// The replicated auth state.
+    pub fn auth(&self) -> &AuthStore {
+        &self.auth
+    }
+
+    /// Whether `user` may have `command` applied, by the auth state now
+    /// (always, while auth is off). The API calls it before proposing, and
+    /// every replica again at apply if the auth state changed in between.
+    /// Call it after [`KvState::validate`], which bounds a txn's nesting.
+    pub fn authorize(&self, user: &str, command: &ferrypb::Command) -> Result<(), KvError> {
+        let auth = &self.auth;
+        if !auth.enabled() {
+            return Ok(());
+        }
+        let result = match &command.kind {
+            None => Ok(()),
+            Some(CommandKind::Put(put)) => self.authorize_put(user, put),
+            Some(CommandKind::DeleteRange(delete)) => self.authorize_delete(user, delete),
+            Some(CommandKind::Txn(txn)) => {
+                // An explicit stack over the nested txns: every branch is
+                // checked, whichever one the compares will pick, as etcd
+                // does (the choice is not known until apply).
+                let mut pending = vec![txn];
+                let mut result = Ok(());
+                while let Some(txn) = pending.pop() {
+                    for compare in &txn.compare {
+                        result = result.and_then(|()| {
+                            auth.check_range(user, &compare.key, &compare.range_end, Access::Read)
+                                .map_err(KvError::from)
+                        });
+                    }
+                    for op in txn.success.iter().chain(&txn.failure) {
+                        result = result.and_then(|()| match &op.request {
+                            None => Ok(()),
+                            Some(Request::RequestRange(range)) => auth
+                                .check_range(user, &range.key, &range.range_end, Access::Read)
+                                .map_err(KvError::from),
+                            Some(Request::RequestPut(put)) => self.authorize_put(user, put),
+                            Some(Request::RequestDeleteRange(delete)) => {
+                                self.authorize_delete(user, delete)
+                            }
+                            Some(Request::RequestTxn(nested)) => {
+                                pending.push(nested);
+                                Ok(())
+                            }
+                        });
+                    }
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                result
+            }
+            Some(CommandKind::Compact(_)) => auth.check_admin(user).map_err(KvError::from),
+            Some(CommandKind::LeaseGrant(_)) => auth.check_user(user).map_err(KvError::from),
+            Some(CommandKind::LeaseRevoke(LeaseRevokeCommand { id })) => {
+                self.authorize_lease_keys(user, *id)
+            }
+            // Proposed by the nodes themselves, never for a client.
+            Some(CommandKind::LeaseExpire(_)) | Some(CommandKind::MemberRecord(_)) => Ok(()),
+            Some(CommandKind::UserChangePassword(change)) if change.name == user => {
+                // A user may change its own password.
+                auth.check_user(user).map_err(KvError::from)
+            }
+            Some(CommandKind::AuthEnable(_))
+            | Some(CommandKind::AuthDisable(_))
+            | Some(CommandKind::UserAdd(_))
+            | Some(CommandKind::UserDelete(_))
+            | Some(CommandKind::UserChangePassword(_))
+            | Some(CommandKind::UserGrantRole(_))
+            | Some(CommandKind::UserRevokeRole(_))
+            | Some(CommandKind::RoleAdd(_))
+            | Some(CommandKind::RoleDelete(_))
+            | Some(CommandKind::RoleGrantPermission(_))
+            | Some(CommandKind::RoleRevokePermission(_)) => {
+                auth.check_admin(user).map_err(KvError::from)
+            }
+        };
+        result
+    }
+
+    fn authorize_put(&self, user: &str, put: &PutRequest) -> Result<(), KvError> {
+        self.auth.check_range(user, &put.key, &[], Access::Write)?;
+        if put.prev_kv {
+            self.auth.check_range(user, &put.key, &[], Access::Read)?;
+        }
+        if put.lease != 0 {
+            // A key attached to a lease goes when the lease is revoked; a
+            // user who could not revoke the lease (it holds keys the user
+            // may not write) may not attach more to it (etcd's rule).
+            self.authorize_lease_keys(user, put.lease)?;
+        }
+        Ok(())
+    }
+
+    fn authorize_delete(&self, user: &str, delete: &DeleteRangeRequest) -> Result<(), KvError> {
+        self.auth
+            .check_range(user, &delete.key, &delete.range_end, Access::Write)?;
+        if delete.prev_kv {
+            self.auth
+                .check_range(user, &delete.key, &delete.range_end, Access::Read)?;
+        }
+        Ok(())
+    }
+
+    /// Revoking a lease deletes its keys: the user must be able to write
+    /// every one of them.
+    pub fn authorize_lease_keys(&self, user: &str, lease: i64) -> Result<(), KvError> {
+        self.auth.check_user(user)?;
+        if let Some(record) = self.leases.get(&lease) {
+            for key in &record.keys {
+                self.auth.check_range(user, key, &[], Access::Write)?;
+            }
+        }
+        Ok(())
     }
 
     /// The MVCC store, for reads and watch history.
@@ -482,7 +608,10 @@ impl KvState {
         };
         let response = match validate_under(command, &bounds) {
             Err(error) => Err(error),
-            Ok(()) => self.execute(command, &mut txn),
+            Ok(()) => match self.recheck(command) {
+                Err(error) => Err(error),
+                Ok(()) => self.execute(command, &mut txn),
+            },
         };
         if response.is_err() && txn.changed() {
             // Only a txn past its response limit fails after writing.
@@ -498,6 +627,30 @@ impl KvState {
             events: txn.events,
             revision,
         }
+    }
+
+    /// A command authorized at an older auth revision than the state's is
+    /// checked again against the state it applies on (the same on every
+    /// replica), so that a permission revoked after the check but before
+    /// the apply is not outrun. Commands without a stamp were proposed by
+    /// the nodes themselves.
+    fn recheck(&self, command: &ferrypb::Command) -> Result<(), KvError> {
+        match &command.auth {
+            Some(stamp) if self.auth.enabled() && stamp.revision != self.auth.revision() => {
+                self.authorize(&stamp.user, command)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn auth_change(
+        &mut self,
+        change: impl FnOnce(&mut AuthStore) -> Result<(), crate::auth::AuthError>,
+    ) -> Result<CommandResponse, KvError> {
+        change(&mut self.auth)?;
+        Ok(CommandResponse::AuthChanged {
+            auth_revision: self.auth.revision(),
+        })
     }
 
     fn execute(
@@ -564,6 +717,28 @@ impl KvState {
                     }
                 }
                 Ok(CommandResponse::MemberRecorded)
+            }
+            Some(CommandKind::AuthEnable(_)) => self.auth_change(AuthStore::enable),
+            Some(CommandKind::AuthDisable(_)) => self.auth_change(|auth| {
+                auth.disable();
+                Ok(())
+            }),
+            Some(CommandKind::UserAdd(r)) => self.auth_change(|auth| auth.user_add(r)),
+            Some(CommandKind::UserDelete(r)) => self.auth_change(|auth| auth.user_delete(&r.name)),
+            Some(CommandKind::UserChangePassword(r)) => {
+                self.auth_change(|auth| auth.user_change_password(r))
+            }
+            Some(CommandKind::UserGrantRole(r)) => self.auth_change(|auth| auth.user_grant_role(r)),
+            Some(CommandKind::UserRevokeRole(r)) => {
+                self.auth_change(|auth| auth.user_revoke_role(r))
+            }
+            Some(CommandKind::RoleAdd(r)) => self.auth_change(|auth| auth.role_add(&r.name)),
+            Some(CommandKind::RoleDelete(r)) => self.auth_change(|auth| auth.role_delete(&r.role)),
+            Some(CommandKind::RoleGrantPermission(r)) => {
+                self.auth_change(|auth| auth.role_grant_permission(r))
+            }
+            Some(CommandKind::RoleRevokePermission(r)) => {
+                self.auth_change(|auth| auth.role_revoke_permission(r))
             }
             Some(CommandKind::LeaseExpire(LeaseExpireCommand { ids })) => {
                 let mut expired_ids = Vec::new();
@@ -932,6 +1107,10 @@ impl KvState {
                     })
                     .collect(),
                 members: self.members.values().cloned().collect(),
+                // Left out while untouched, so that the snapshots of a
+                // cluster that never used auth keep their earlier bytes
+                // (restoring without it gives the same untouched state).
+                auth: (self.auth != AuthStore::new()).then(|| self.auth.to_snapshot()),
                 ..ferrypb::Snapshot::default()
             },
         }
@@ -1002,6 +1181,7 @@ impl KvState {
             applied_index: snapshot.applied_index,
             limits,
             members: snapshot.members.into_iter().map(|m| (m.id, m)).collect(),
+            auth: AuthStore::from_snapshot(snapshot.auth).map_err(CodecError::Inconsistent)?,
         })
     }
 
@@ -1036,7 +1216,7 @@ const KEY_VERSION_TOMBSTONE: u8 = 3 << 3;
 ///
 /// The encoding is the protobuf encoding of `ferrypb::Snapshot`, written
 /// in three parts so that no key-value is cloned into a message: fields
-/// 1-4 (`head`), each version as field 5, then fields 6-7 (`tail`). Field
+/// 1-4 (`head`), each version as field 5, then fields 6-8 (`tail`). Field
 /// order is what prost's derived encoder uses, so the bytes are the same;
 /// a test checks that against the derived encoder.
 #[derive(Debug, Clone)]
@@ -1045,7 +1225,7 @@ pub struct SnapshotSource {
     head: ferrypb::Snapshot,
     /// Every stored version, in key order, oldest first per key.
     versions: Vec<Version>,
-    /// Only the leases and members (fields 6-7) are set.
+    /// Only the leases, members and auth state (fields 6-8) are set.
     tail: ferrypb::Snapshot,
 }
 
@@ -1198,7 +1378,18 @@ fn validate_under(command: &ferrypb::Command, limits: &KvLimits) -> Result<(), K
         | Some(CommandKind::LeaseGrant(_))
         | Some(CommandKind::LeaseRevoke(_))
         | Some(CommandKind::LeaseExpire(_))
-        | Some(CommandKind::MemberRecord(_)) => Ok(()),
+        | Some(CommandKind::MemberRecord(_))
+        | Some(CommandKind::AuthEnable(_))
+        | Some(CommandKind::AuthDisable(_))
+        | Some(CommandKind::UserAdd(_))
+        | Some(CommandKind::UserDelete(_))
+        | Some(CommandKind::UserChangePassword(_))
+        | Some(CommandKind::UserGrantRole(_))
+        | Some(CommandKind::UserRevokeRole(_))
+        | Some(CommandKind::RoleAdd(_))
+        | Some(CommandKind::RoleDelete(_))
+        | Some(CommandKind::RoleGrantPermission(_))
+        | Some(CommandKind::RoleRevokePermission(_)) => Ok(()),
     }
 }
 
@@ -1342,6 +1533,9 @@ fn with_revision(response: CommandResponse, revision: i64) -> CommandResponse {
             revision,
         },
         CommandResponse::MemberRecorded => CommandResponse::MemberRecorded,
+        CommandResponse::AuthChanged { auth_revision } => {
+            CommandResponse::AuthChanged { auth_revision }
+        }
     }
 }
 

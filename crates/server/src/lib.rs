@@ -3,6 +3,9 @@
 //! - [`mvcc`]: the multi-version store with etcd's revision model.
 //! - [`kv_state`]: the replicated state machine (MVCC + leases), its
 //!   deterministic `apply` and its checksummed snapshots.
+//! - [`auth`]: users, roles and key permissions (replicated) and the
+//!   permission checks; [`auth_token`]: the member-local simple tokens and
+//!   JWTs that name an authenticated user.
 //! - [`command`]: the commands that go through the Raft log, and their codec.
 //! - [`watch`]: the watch hub.
 //! - [`lease`]: lease deadlines on the leader's clock.
@@ -27,6 +30,8 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod auth;
+pub mod auth_token;
 pub mod authority;
 pub mod backend;
 pub mod command;
@@ -45,6 +50,10 @@ pub mod watch;
 pub mod pb {
     //! Messages and gRPC services generated from `proto/`.
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    /// etcd's `authpb` package: users, roles and permissions.
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
     /// etcd's `mvccpb` package: key-values and watch events.
     pub mod mvccpb {
         tonic::include_proto!("mvccpb");

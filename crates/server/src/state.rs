@@ -114,6 +114,21 @@ impl StateMachine {
         self.watches.cancel(stream_id, watch_id, self.kv.store());
     }
 
+    /// Cancels the stream's watchers that `user` may no longer read, by
+    /// the auth state now (see [`WatchHub::retain`]).
+    pub fn watch_retain_permitted(&mut self, stream_id: StreamId, user: &str, reason: &str) {
+        let auth = self.kv.auth();
+        self.watches.retain(
+            stream_id,
+            |key, range_end| {
+                auth.check_range(user, key, range_end, crate::auth::Access::Read)
+                    .is_ok()
+            },
+            reason,
+            self.kv.store(),
+        );
+    }
+
     /// Periodic progress (see [`WatchHub::progress_tick`]).
     pub fn watch_progress_tick(&mut self, stream_id: StreamId) {
         self.watches.progress_tick(stream_id, self.kv.store());

@@ -438,6 +438,67 @@ impl WatchHub {
         stream.wake.notify_one();
     }
 
+    /// Answers a create request with a refusal: created and cancelled at
+    /// once, with `reason` (etcd's answer to a watch without permission).
+    pub fn refuse(&mut self, stream_id: StreamId, watch_id: i64, reason: &str, revision: i64) {
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return;
+        };
+        stream.outbox.push_back(WatchResponse {
+            header: header(revision),
+            watch_id,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..WatchResponse::default()
+        });
+        stream.wake.notify_one();
+    }
+
+    /// Cancels every watcher of the stream whose (key, range_end)
+    /// `permitted` refuses, telling the client `reason`; their queued
+    /// events are dropped unsent.
+    pub fn retain(
+        &mut self,
+        stream_id: StreamId,
+        permitted: impl Fn(&[u8], &[u8]) -> bool,
+        reason: &str,
+        store: &MvccStore,
+    ) {
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return;
+        };
+        let refused: Vec<i64> = stream
+            .watchers
+            .iter()
+            .filter(|(_, watcher)| {
+                let range = &watcher.range;
+                let range_end: &[u8] = match &range.end {
+                    RangeEnd::Single => &[],
+                    RangeEnd::Unbounded => &[0],
+                    RangeEnd::Before(end) => end,
+                };
+                !permitted(&range.start, range_end)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for watch_id in refused {
+            if let Some(mut watcher) = stream.watchers.remove(&watch_id) {
+                stream
+                    .ledger
+                    .release_watcher(&mut self.queued_bytes, &mut watcher);
+                stream.outbox.push_back(WatchResponse {
+                    header: header(store.revision()),
+                    watch_id,
+                    canceled: true,
+                    cancel_reason: reason.to_string(),
+                    ..WatchResponse::default()
+                });
+                stream.wake.notify_one();
+            }
+        }
+    }
+
     /// Cancels a watcher at the client's request. Unknown ids are ignored,
     /// as etcd does.
     pub fn cancel(&mut self, stream_id: StreamId, watch_id: i64, store: &MvccStore) {

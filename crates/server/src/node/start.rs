@@ -56,6 +56,9 @@ pub enum StartError {
     /// or its snapshot does not restore).
     #[error("cannot start the key-value group: {0}")]
     Group(#[from] GroupError),
+    /// The auth token settings are unusable (a JWT key cannot be read).
+    #[error("auth tokens: {0}")]
+    AuthTokens(String),
     /// The client port could not be bound.
     #[error("cannot listen for clients on {addr}: {source}; is another process using the port?")]
     ClientBind {
@@ -198,7 +201,10 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
 
     let mut api_options = config.api_options.clone();
     api_options.connection_limits = client_limits;
-    let api = EtcdApi::new(backend.clone(), api_options);
+    let tokens =
+        crate::auth_token::Tokens::new(&api_options.auth.token, api_options.auth.token_ttl)
+            .map_err(StartError::AuthTokens)?;
+    let api = EtcdApi::with_tokens(backend.clone(), api_options, Arc::new(tokens));
     let mut api_shutdown = shutdown_rx.clone();
     let api_task = tokio::spawn(async move {
         let stop = async move {

@@ -1,5 +1,6 @@
 //! Unit tests of the state machine, the MVCC store and the watch hub.
 
+mod auth_apply;
 mod helpers;
 mod kv_semantics;
 mod member_records;
