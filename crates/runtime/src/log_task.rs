@@ -209,6 +209,9 @@ pub struct LogCounters {
     pub appends: AtomicU64,
     /// Entries appended.
     pub entries: AtomicU64,
+    /// Entries read back from the log for leaders that no longer held them
+    /// in memory (`Options::log_memory_bytes_max`).
+    pub entries_loaded: AtomicU64,
 }
 
 /// Storage shortages the log waits out, in words, for the host's status.
@@ -365,6 +368,7 @@ pub(crate) async fn run(
                     &finished_tx,
                     &mut receiving,
                     &mut waiting,
+                    &counters,
                     )?
                 }
             },
@@ -381,6 +385,7 @@ fn handle(
     finished: &mpsc::UnboundedSender<Finished>,
     receiving: &mut Receiving,
     waiting: &mut Vec<AfterSync>,
+    counters: &LogCounters,
 ) -> Result<(), LogFailed> {
     match request {
         LogRequest::Append { group, request } => storage.wal.append(group, &request)?,
@@ -421,15 +426,19 @@ fn handle(
             through,
             max_bytes,
         } => match read_entries(storage, group, from, through, max_bytes) {
-            Ok(entries) => workers.complete(
-                group,
-                Completion::EntriesLoaded {
-                    to,
-                    term,
-                    from,
-                    entries,
-                },
-            ),
+            Ok(entries) => {
+                let count = entries.as_ref().map_or(0, Vec::len) as u64;
+                counters.entries_loaded.fetch_add(count, Ordering::Relaxed);
+                workers.complete(
+                    group,
+                    Completion::EntriesLoaded {
+                        to,
+                        term,
+                        from,
+                        entries,
+                    },
+                )
+            }
             // Not answered: the engine asks again with its next probe.
             Err(error) if error.is_transient() => {
                 tracing::warn!(group, %error, "cannot read log entries for now");

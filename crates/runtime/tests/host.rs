@@ -709,3 +709,72 @@ async fn the_view_shows_a_membership_change_once_it_is_in_force() {
     drop(cluster.hosts.remove(&1));
     host.shutdown().await;
 }
+
+/// The engine holds only a few settled entries in memory
+/// (`log_memory_entries_max`); a member that starts late is caught up with
+/// entries its leader reads back from the shared log, not with a snapshot
+/// (the policy takes none here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_member_is_caught_up_from_entries_the_leader_reads_back_from_its_log() {
+    let mut cluster = Cluster::new("loads", 3);
+    let configure = |mut config: HostConfig| {
+        config.snapshot_policy.log_bytes_min = u64::MAX;
+        config.engine.log_memory_entries_max = 4;
+        config
+    };
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = NodeHost::start(configure(cluster.config(id)))
+            .await
+            .unwrap();
+        cluster.hosts.insert(id, host.clone());
+        handles.insert(id, start_groups(&host, &[1, 2, 3]).await);
+    }
+    for group in 1..=2u64 {
+        for i in 0..60 {
+            propose(&handles[&1][&group], format!("{group}-{i}")).await;
+        }
+    }
+    let mut expected = BTreeMap::new();
+    for group in 1..=2u64 {
+        expected.insert(group, read(&handles[&1][&group]).await);
+    }
+    let loaded_before: u64 = [1, 2]
+        .iter()
+        .map(|id| {
+            cluster.hosts[id]
+                .log_counters()
+                .entries_loaded
+                .load(Ordering::Relaxed)
+        })
+        .sum();
+    let host3 = NodeHost::start(configure(cluster.config(3))).await.unwrap();
+    cluster.hosts.insert(3, host3.clone());
+    let late = start_groups(&host3, &[1, 2, 3]).await;
+    for group in 1..=2u64 {
+        let what = format!("group {group} on the late node");
+        wait_for_lines(&late[&group], &expected[&group], &what).await;
+    }
+    let loaded: u64 = [1, 2]
+        .iter()
+        .map(|id| {
+            cluster.hosts[id]
+                .log_counters()
+                .entries_loaded
+                .load(Ordering::Relaxed)
+        })
+        .sum::<u64>()
+        - loaded_before;
+    assert!(
+        loaded >= 2 * 50,
+        "the leaders read back only {loaded} entries for the late member"
+    );
+    let received = std::fs::read_dir(cluster.dir.join("node-3/snapshots"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|entry| entry.file_name().to_string_lossy().ends_with(".snap"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(received, 0, "the late member was sent a snapshot");
+}
