@@ -115,6 +115,24 @@ if [[ "$(grep -c ', true, ' <<<"$status")" -ne 1 ]]; then
   fail "endpoint status should show exactly one leader"
 fi
 
+echo "== defrag and move-leader"
+defrag="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" defrag 2>&1)"
+echo "$defrag"
+if [[ "$(grep -c 'Finished defragmenting' <<<"$defrag")" -ne 3 ]]; then
+  fail "defrag should finish on all three members"
+fi
+follower_id="$(awk -F', ' '$5 == "false" { print $2; exit }' <<<"$status")"
+moved="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" move-leader "$follower_id" 2>&1)"
+echo "$moved"
+if ! grep -q "Leadership transferred" <<<"$moved"; then
+  fail "move-leader to $follower_id should transfer leadership"
+fi
+after="$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" endpoint status 2>&1)"
+if [[ "$(awk -F', ' -v id="$follower_id" '$2 == id { print $5 }' <<<"$after")" != "true" ]]; then
+  echo "$after"
+  fail "after move-leader, $follower_id should lead"
+fi
+
 # etcdctl 3.4 dials these calls by the members' client URLs and sends the
 # URL as the HTTP/2 authority; the server must answer them all the same.
 echo "== endpoint status and hashkv --cluster, and by URL"

@@ -379,6 +379,61 @@ async fn writes_through_any_member_are_read_through_every_member() {
     }
 }
 
+/// etcd's MoveLeader (`etcdctl move-leader`): the leader hands over to the
+/// member named, which leads when the call returns; a follower, an unknown
+/// member and the leader itself get etcd's answers; writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_leader_hands_leadership_to_the_member_named() {
+    use ferry_server::pb::etcdserverpb::MoveLeaderRequest;
+    let cluster = Cluster::new("move-leader", 3);
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    put(&cluster, leader, "before", "moved").await;
+    let target = a_follower(leader, &[1, 2, 3]);
+    let other = (1..=3u64)
+        .find(|id| *id != leader && *id != target)
+        .unwrap();
+
+    let refused = MaintenanceClient::new(connect(&cluster, other).await)
+        .move_leader(MoveLeaderRequest { target_id: target })
+        .await
+        .expect_err("a follower moved the leader");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(refused.message(), "etcdserver: not leader");
+    let unknown = MaintenanceClient::new(connect(&cluster, leader).await)
+        .move_leader(MoveLeaderRequest { target_id: 99 })
+        .await
+        .expect_err("moved to a member that does not exist");
+    assert_eq!(unknown.message(), "etcdserver: bad leader transferee");
+    MaintenanceClient::new(connect(&cluster, leader).await)
+        .move_leader(MoveLeaderRequest { target_id: leader })
+        .await
+        .expect("moving to the leader itself changes nothing");
+
+    MaintenanceClient::new(connect(&cluster, leader).await)
+        .move_leader(MoveLeaderRequest { target_id: target })
+        .await
+        .unwrap_or_else(|status| panic!("move-leader: {status}\n{}", cluster.log()));
+    for id in 1..=3u64 {
+        let status = MaintenanceClient::new(connect(&cluster, id).await)
+            .status(StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if id == target {
+            assert_eq!(status.leader, target, "the target does not lead");
+        }
+    }
+    put(&cluster, other, "after", "moved").await;
+    assert_eq!(
+        get(&cluster, target, "before").await.as_deref(),
+        Some("moved")
+    );
+    assert_eq!(
+        get(&cluster, leader, "after").await.as_deref(),
+        Some("moved")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_fails_over_and_nothing_acknowledged_is_lost() {
     let mut cluster = Cluster::new("failover", 3);

@@ -98,6 +98,18 @@ pub trait Backend: Send + Sync + 'static {
     fn member_promote(&self, id: u64)
         -> impl Future<Output = Result<Vec<Member>, ApiError>> + Send;
 
+    /// Hands leadership to voter `target` and waits until it leads
+    /// (MoveLeader). Only the leader takes it. The default refuses: a
+    /// backend without elections has no leadership to hand over.
+    fn move_leader(&self, target: u64) -> impl Future<Output = Result<(), ApiError>> + Send {
+        let _ = target;
+        async {
+            Err(ApiError::Unimplemented(
+                "MoveLeader on a backend without elections",
+            ))
+        }
+    }
+
     /// This node's status; also fills every response header.
     fn status(&self) -> NodeStatus;
 }
@@ -230,6 +242,15 @@ impl Backend for LocalBackend {
             return Err(ApiError::MemberNotFound);
         }
         Err(ApiError::MemberNotLearner)
+    }
+
+    /// The one member leads already; no other can.
+    async fn move_leader(&self, target: u64) -> Result<(), ApiError> {
+        if target == self.member.id {
+            Ok(())
+        } else {
+            Err(ApiError::BadLeaderTransferee)
+        }
     }
 
     fn status(&self) -> NodeStatus {

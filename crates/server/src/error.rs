@@ -166,6 +166,17 @@ pub enum ApiError {
         /// The quorum of `voters`.
         quorum: usize,
     },
+    /// A call that only the leader answers (MoveLeader) reached another
+    /// member.
+    #[error("etcdserver: not leader")]
+    NotLeader,
+    /// MoveLeader named a member that cannot lead: unknown, or a learner.
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
+    /// MoveLeader started, but the named member did not take over within
+    /// the request timeout.
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    TimeoutLeaderTransfer,
     /// A peer URL given to MemberAdd is not `http(s)://host:port`.
     #[error("etcdserver: given member URLs are invalid")]
     BadMemberUrls,
@@ -226,11 +237,13 @@ impl From<ApiError> for tonic::Status {
             // Unavailable: etcd clients move to another endpoint on it.
             ApiError::NoLeader
             | ApiError::Timeout
+            | ApiError::TimeoutLeaderTransfer
             | ApiError::Stopped
             | ApiError::Removed
             | ApiError::Halted(_) => Code::Unavailable,
             ApiError::MemberNotFound => Code::NotFound,
             ApiError::PeerUrlExists => Code::FailedPrecondition,
+            ApiError::NotLeader | ApiError::BadLeaderTransferee => Code::FailedPrecondition,
             ApiError::MemberNotLearner
             | ApiError::LearnerNotReady
             | ApiError::NotEnoughMembers

@@ -21,8 +21,9 @@ use crate::state::SharedState;
 /// How long a forwarded lease call may take.
 const LEASE_FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How often a membership change checks whether joint consensus is over.
-const JOINT_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How often a call that waits on the group (a membership change for the
+/// end of joint consensus, MoveLeader for the new leader) looks again.
+const VIEW_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// The way back for a member whose log contradicts its group's.
 const REPAIR_HINT: &str = "stop it, move its data directory aside, remove it with `etcdctl member remove`, \
@@ -182,7 +183,7 @@ impl RaftBackend {
             if Instant::now() >= deadline {
                 return Err(ApiError::Timeout);
             }
-            tokio::time::sleep(JOINT_POLL_INTERVAL).await;
+            tokio::time::sleep(VIEW_POLL_INTERVAL).await;
         }
         Ok(self.members())
     }
@@ -363,6 +364,30 @@ impl Backend for RaftBackend {
         }
         self.change_membership(MembershipChange::PromoteLearner(id))
             .await
+    }
+
+    /// etcd's MoveLeader: on the leader only, to a voter; waits (at most
+    /// the request timeout) until the target leads.
+    async fn move_leader(&self, target: u64) -> Result<(), ApiError> {
+        let me = self.config.node_id;
+        if self.leader() != Some(me) {
+            return Err(ApiError::NotLeader);
+        }
+        if !self.state_config().is_voter(target) {
+            return Err(ApiError::BadLeaderTransferee);
+        }
+        if target == me {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.config.request_timeout;
+        self.call(self.group.transfer_leadership(target)).await?;
+        while self.leader() != Some(target) {
+            if Instant::now() >= deadline {
+                return Err(ApiError::TimeoutLeaderTransfer);
+            }
+            tokio::time::sleep(VIEW_POLL_INTERVAL).await;
+        }
+        Ok(())
     }
 
     fn status(&self) -> NodeStatus {
