@@ -14,10 +14,10 @@ use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
 use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
 use ferry_server::pb::etcdserverpb::{
-    request_op, HashKvRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest,
-    Member, MemberAddRequest, MemberListRequest, MemberPromoteRequest, MemberRemoveRequest,
-    PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest, WatchCreateRequest,
-    WatchRequest,
+    request_op, HashKvRequest, HashRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
+    LeaseTimeToLiveRequest, Member, MemberAddRequest, MemberListRequest, MemberPromoteRequest,
+    MemberRemoveRequest, PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest,
+    WatchCreateRequest, WatchRequest,
 };
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -377,6 +377,25 @@ async fn writes_through_any_member_are_read_through_every_member() {
             );
         }
     }
+    // Every member applied the same writes: etcd's Hash of the whole state
+    // agrees (a member an instant behind is asked again).
+    let mut hashes = std::collections::BTreeSet::new();
+    for id in 1..=3u64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let response = MaintenanceClient::new(connect(&cluster, id).await)
+                .hash(HashRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            if response.header.unwrap().revision == 4 || Instant::now() > deadline {
+                hashes.insert(response.hash);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(hashes.len(), 1, "the members' hashes differ: {hashes:?}");
 }
 
 /// etcd's MoveLeader (`etcdctl move-leader`): the leader hands over to the

@@ -1210,8 +1210,19 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
+        self.serving()?;
         self.require_admin(&Credentials::of(&request))?;
-        Err(ApiError::Unimplemented("Hash").into())
+        // The view is taken under the lock (it shares the values); the
+        // checksum runs off it, on a blocking thread.
+        let source = self.backend.state().lock().snapshot_source();
+        let revision = source.revision();
+        let hash = tokio::task::spawn_blocking(move || source.content_hash())
+            .await
+            .map_err(|error| ApiError::Internal(format!("hashing the state: {error}")))?;
+        Ok(Response::new(pb::HashResponse {
+            header: Some(self.header(revision)),
+            hash,
+        }))
     }
 
     async fn hash_kv(

@@ -1235,6 +1235,33 @@ impl SnapshotSource {
         self.head.applied_index
     }
 
+    /// The store's revision the snapshot holds.
+    pub fn revision(&self) -> i64 {
+        self.head.revision
+    }
+
+    /// A checksum of the whole state the snapshot holds (every version,
+    /// the leases, the members, the auth state): etcd's `Hash`. The
+    /// applied index is left out, so members that applied the same
+    /// commands agree whatever entries without effect (a lease renewal, a
+    /// no-op) they applied besides. Computed over the encoding in pieces,
+    /// with no copy of the state.
+    pub fn content_hash(mut self) -> u32 {
+        self.head.applied_index = 0;
+        // The encoding ends with the crc32c of all that precedes it, written
+        // as the last piece: that checksum is the hash. (A checksum over the
+        // whole encoding would not do: a CRC over data followed by its own
+        // CRC is the same constant for any data.)
+        let mut checksum = [0u8; 4];
+        let _ = self.write_to(|piece| {
+            if let Ok(bytes) = <[u8; 4]>::try_from(piece) {
+                checksum = bytes;
+            }
+            Ok::<(), std::convert::Infallible>(())
+        });
+        u32::from_le_bytes(checksum)
+    }
+
     /// Encodes the snapshot into one buffer (see [`KvState::snapshot`]).
     pub fn encode(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(self.encoded_len());

@@ -747,13 +747,31 @@ async fn cluster_maintenance_and_unsupported_calls() {
         .unwrap()
         .into_inner();
     assert!(alarms.alarms.is_empty());
+    // Hash covers the whole state: the same twice, another after a write.
+    let hash = |maintenance: &mut MaintenanceClient<tonic::transport::Channel>| {
+        let mut maintenance = maintenance.clone();
+        async move {
+            maintenance
+                .hash(pb::HashRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let first = hash(&mut maintenance).await;
+    assert_eq!(first.header.as_ref().unwrap().revision, 2);
+    assert_eq!(hash(&mut maintenance).await.hash, first.hash);
+    server.kv().put(put("b", "2")).await.unwrap();
+    let second = hash(&mut maintenance).await;
+    assert_ne!(second.hash, first.hash);
+    assert_eq!(second.header.unwrap().revision, 3);
     // Nothing to defragment: the call succeeds, as etcd's does.
     let defragmented = maintenance
         .defragment(pb::DefragmentRequest {})
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(defragmented.header.unwrap().revision, 2);
+    assert_eq!(defragmented.header.unwrap().revision, 3);
     // MoveLeader on a single member: to itself it changes nothing; no one
     // else can lead.
     maintenance
