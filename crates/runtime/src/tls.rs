@@ -222,6 +222,26 @@ impl TlsConfig {
     }
 }
 
+/// The settings of a client that dials a TLS port: the server's certificate
+/// is verified against `trusted_ca`, and `identity` (certificate and key
+/// files) is presented if given.
+pub fn client_config(
+    trusted_ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(trusted_ca)?);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            builder.with_client_auth_cert(certificates(cert)?, private_key(key)?)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// When a file was last changed, and its size: what a reload watch looks at.
 type Stamp = Option<(SystemTime, u64)>;
 

@@ -155,3 +155,36 @@ impl Connected for ClientIo {
         }
     }
 }
+
+/// A gRPC channel to the TLS port at `addr` ("host:port"), verifying the
+/// server's certificate with `client` (see [`client_config`]); for ferry's
+/// own tools and tests.
+pub async fn channel(
+    addr: &str,
+    client: Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let name = server_name(addr);
+    let target = addr.to_string();
+    let connector = tower::service_fn(move |_uri: tonic::codegen::http::Uri| {
+        let client = client.clone();
+        let target = target.clone();
+        let name = name.clone();
+        async move {
+            let name = name.ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "the address names no host")
+            })?;
+            let stream = TcpStream::connect(&target).await?;
+            let _ = stream.set_nodelay(true);
+            let stream = tokio_rustls::TlsConnector::from(client)
+                .connect(name, stream)
+                .await?;
+            Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect_with_connector(connector)
+        .await
+}
