@@ -22,6 +22,91 @@ pub struct DevArgs {
     /// How long to wait for the first leader, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub leader_timeout_seconds: u64,
+    /// Serve clients and peers over TLS, with a throwaway CA and
+    /// certificates made in DIR/tls/ (kept for the next run): clients must
+    /// present the client certificate made there (its common name is
+    /// `root`, the user it acts as once auth is on).
+    #[arg(long)]
+    pub tls: bool,
+}
+
+/// The files of `ferry dev --tls`.
+struct DevTls {
+    dir: PathBuf,
+}
+
+impl DevTls {
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+    fn cert(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.crt"))
+    }
+    fn key(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.key"))
+    }
+
+    /// Makes the CA and a certificate for each node (for its client port
+    /// and its peer links) and one for clients, unless they exist.
+    fn make(dir: PathBuf) -> Result<DevTls, String> {
+        let tls = DevTls { dir };
+        if tls.ca().exists() {
+            return Ok(tls);
+        }
+        std::fs::create_dir_all(&tls.dir)
+            .map_err(|error| format!("cannot create {}: {error}", tls.dir.display()))?;
+        let rcgen_error = |error: rcgen::Error| format!("cannot make certificates: {error}");
+        let mut ca_params =
+            rcgen::CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error)?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "ferry dev CA");
+        ca_params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let ca_key = rcgen::KeyPair::generate().map_err(rcgen_error)?;
+        let ca_cert = ca_params.self_signed(&ca_key).map_err(rcgen_error)?;
+        let ca_pem = ca_cert.pem();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let write = |path: PathBuf, text: &str| {
+            std::fs::write(&path, text)
+                .map_err(|error| format!("cannot write {}: {error}", path.display()))
+        };
+        let names: Vec<String> = (1..=NODES.len())
+            .map(|i| format!("node{i}"))
+            .chain(["client".to_string()])
+            .collect();
+        for name in &names {
+            let mut params = rcgen::CertificateParams::new(vec![
+                "127.0.0.1".to_string(),
+                "localhost".to_string(),
+            ])
+            .map_err(rcgen_error)?;
+            // The client certificate names the user `root`; a node's names
+            // the node.
+            let cn = if name == "client" {
+                "root"
+            } else {
+                name.as_str()
+            };
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+            params.extended_key_usages = vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let key = rcgen::KeyPair::generate().map_err(rcgen_error)?;
+            let cert = params.signed_by(&key, &issuer).map_err(rcgen_error)?;
+            write(tls.cert(name), &cert.pem())?;
+            write(tls.key(name), &key.serialize_pem())?;
+        }
+        // The CA last: its presence says the set is complete.
+        write(tls.ca(), &ca_pem)?;
+        Ok(tls)
+    }
 }
 
 /// One node of the dev cluster.
@@ -30,17 +115,24 @@ struct DevNode {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    tls: bool,
 }
 
 impl DevNode {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 }
 
 const NODES: [(u64, u16, u16); 3] = [(1, 2379, 2380), (2, 22379, 22380), (3, 32379, 32380)];
 
-fn spawn(node: &DevNode, members: &[String], dir: &Path) -> std::io::Result<Child> {
+fn spawn(
+    node: &DevNode,
+    members: &[String],
+    dir: &Path,
+    tls: Option<&DevTls>,
+) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
     let node_dir = dir.join(format!("node{}", node.id));
     std::fs::create_dir_all(&node_dir)?;
@@ -62,6 +154,24 @@ fn spawn(node: &DevNode, members: &[String], dir: &Path) -> std::io::Result<Chil
     for member in members {
         command.arg("--member").arg(member);
     }
+    if let Some(tls) = tls {
+        let name = format!("node{}", node.id);
+        command
+            .arg("--cert-file")
+            .arg(tls.cert(&name))
+            .arg("--key-file")
+            .arg(tls.key(&name))
+            .arg("--trusted-ca-file")
+            .arg(tls.ca())
+            .arg("--client-cert-auth")
+            .arg("--peer-cert-file")
+            .arg(tls.cert(&name))
+            .arg("--peer-key-file")
+            .arg(tls.key(&name))
+            .arg("--peer-trusted-ca-file")
+            .arg(tls.ca())
+            .arg("--peer-client-cert-auth");
+    }
     command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -70,12 +180,26 @@ fn spawn(node: &DevNode, members: &[String], dir: &Path) -> std::io::Result<Chil
 }
 
 /// Asks one node for its status: (leader id, raft term).
-async fn status(url: &str) -> Option<(u64, u64)> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-        .ok()?
-        .connect_timeout(Duration::from_millis(300))
-        .timeout(Duration::from_millis(500));
-    let channel = endpoint.connect().await.ok()?;
+async fn status(
+    node: &DevNode,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+) -> Option<(u64, u64)> {
+    let channel = match tls {
+        Some(client) => ferry_server::tls::channel(
+            &format!("127.0.0.1:{}", node.client_port),
+            client.clone(),
+            Duration::from_millis(500),
+        )
+        .await
+        .ok()?,
+        None => {
+            let endpoint = tonic::transport::Endpoint::from_shared(node.client_url())
+                .ok()?
+                .connect_timeout(Duration::from_millis(300))
+                .timeout(Duration::from_millis(500));
+            endpoint.connect().await.ok()?
+        }
+    };
     let response = MaintenanceClient::new(channel)
         .status(StatusRequest {})
         .await
@@ -85,9 +209,12 @@ async fn status(url: &str) -> Option<(u64, u64)> {
 }
 
 /// The leader as the live nodes see it, if any agree on one.
-async fn leader(nodes: &[DevNode]) -> Option<(u64, u64)> {
+async fn leader(
+    nodes: &[DevNode],
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+) -> Option<(u64, u64)> {
     for node in nodes.iter().filter(|n| n.child.is_some()) {
-        if let Some((leader, term)) = status(&node.client_url()).await {
+        if let Some((leader, term)) = status(node, tls).await {
             if leader != 0 {
                 return Some((leader, term));
             }
@@ -133,6 +260,7 @@ pub fn run(args: DevArgs) -> ExitCode {
             client_port,
             peer_port,
             child: None,
+            tls: args.tls,
         })
         .collect();
     let members: Vec<String> = nodes
@@ -143,6 +271,30 @@ pub fn run(args: DevArgs) -> ExitCode {
         eprintln!("ferry dev: cannot create {}: {error}", args.dir.display());
         return ExitCode::FAILURE;
     }
+    let tls = if args.tls {
+        match DevTls::make(args.dir.join("tls")) {
+            Ok(tls) => Some(tls),
+            Err(message) => {
+                eprintln!("ferry dev: {message}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let client_tls = match &tls {
+        Some(tls) => match ferry_server::tls::client_config(
+            &tls.ca(),
+            Some((&tls.cert("client"), &tls.key("client"))),
+        ) {
+            Ok(config) => Some(config),
+            Err(error) => {
+                eprintln!("ferry dev: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     let resuming = args.dir.join("node1").exists();
     println!(
         "ferry dev: {} a three-node cluster in {}/",
@@ -150,7 +302,7 @@ pub fn run(args: DevArgs) -> ExitCode {
         args.dir.display()
     );
     for index in 0..nodes.len() {
-        match spawn(&nodes[index], &members, &args.dir) {
+        match spawn(&nodes[index], &members, &args.dir, tls.as_ref()) {
             Ok(child) => nodes[index].child = Some(child),
             Err(error) => {
                 eprintln!("ferry dev: cannot start node {}: {error}", nodes[index].id);
@@ -167,7 +319,7 @@ pub fn run(args: DevArgs) -> ExitCode {
     let outcome = runtime.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(args.leader_timeout_seconds);
         let mut current = loop {
-            if let Some(found) = leader(&nodes).await {
+            if let Some(found) = leader(&nodes, client_tls.as_ref()).await {
                 break Some(found);
             }
             if reap(&mut nodes) == nodes.len() {
@@ -199,14 +351,30 @@ pub fn run(args: DevArgs) -> ExitCode {
             "ferry dev: logs in {}/node{{1,2,3}}.log",
             args.dir.display()
         );
-        println!(
-            "ferry dev: try  etcdctl --endpoints={} put greeting hello",
-            endpoints.join(",")
-        );
-        println!(
-            "ferry dev:      etcdctl --endpoints={} get greeting",
-            endpoints.join(",")
-        );
+        match &tls {
+            Some(tls) => {
+                let urls: Vec<String> = nodes.iter().map(DevNode::client_url).collect();
+                let flags = format!(
+                    "--cacert {} --cert {} --key {} --endpoints {}",
+                    tls.ca().display(),
+                    tls.cert("client").display(),
+                    tls.key("client").display(),
+                    urls.join(",")
+                );
+                println!("ferry dev: try  etcdctl {flags} put greeting hello");
+                println!("ferry dev:      etcdctl {flags} get greeting");
+            }
+            None => {
+                println!(
+                    "ferry dev: try  etcdctl --endpoints={} put greeting hello",
+                    endpoints.join(",")
+                );
+                println!(
+                    "ferry dev:      etcdctl --endpoints={} get greeting",
+                    endpoints.join(",")
+                );
+            }
+        }
         println!("ferry dev: Ctrl-C stops every node");
         loop {
             tokio::select! {
@@ -214,7 +382,7 @@ pub fn run(args: DevArgs) -> ExitCode {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
             reap(&mut nodes);
-            let now = leader(&nodes).await;
+            let now = leader(&nodes, client_tls.as_ref()).await;
             if now.map(|(id, _)| id) != current.map(|(id, _)| id) {
                 match now {
                     Some((id, term)) => {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use ferry_server::connections::raise_open_files_limit;
 use ferry_server::member_id::Hex;
-use ferry_server::node::{start_node, MemberAddrs, NodeConfig};
+use ferry_server::node::{start_node, ClientListen, MemberAddrs, NodeConfig};
+use ferry_server::tls::TlsFiles;
 
 /// Arguments of `ferry serve`. Every option may also come from a TOML file
 /// (`--config`); a flag given on the command line wins over the file.
@@ -28,9 +29,42 @@ pub struct ServeArgs {
     /// on restart the node resumes from it. [default: ./ferry-data]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Where to serve the etcd v3 gRPC API. [default: 127.0.0.1:2379]
+    /// Where to serve the etcd v3 gRPC API; TLS when `--cert-file` is
+    /// given, plaintext otherwise. [default: 127.0.0.1:2379]
     #[arg(long, value_name = "ADDR")]
     pub listen_client: Option<SocketAddr>,
+    /// The client ports as URLs, comma separated, each `http://HOST:PORT`
+    /// (plaintext) or `https://HOST:PORT` (TLS, needs `--cert-file`), as
+    /// etcd's flag: both kinds may be served at once. Replaces
+    /// `--listen-client`.
+    #[arg(long, value_name = "URLS")]
+    pub listen_client_urls: Option<String>,
+    /// The certificate (PEM) the client ports present over TLS.
+    #[arg(long, value_name = "FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--cert-file`.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) client certificates are verified against
+    /// (with `--client-cert-auth`).
+    #[arg(long, value_name = "FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// The certificate (PEM) this node presents to its peers, both when it
+    /// accepts their connections and when it dials them; turns on TLS for
+    /// every peer connection. Needs `--peer-trusted-ca-file`.
+    #[arg(long, value_name = "FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `--peer-cert-file`.
+    #[arg(long, value_name = "FILE")]
+    pub peer_key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) peers' certificates must be signed by.
+    #[arg(long, value_name = "FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Peers that connect must present a certificate signed by
+    /// `--peer-trusted-ca-file` (etcd's flag): a node without one cannot
+    /// send a single Raft message.
+    #[arg(long)]
+    pub peer_client_cert_auth: bool,
     /// Where to accept connections from the other nodes. [default: 127.0.0.1:2380]
     #[arg(long, value_name = "ADDR")]
     pub listen_peer: Option<SocketAddr>,
@@ -156,7 +190,8 @@ pub struct ServeArgs {
     /// doubles the time Authenticate takes. [default: 10]
     #[arg(long, value_name = "COST")]
     pub bcrypt_cost: Option<u32>,
-    /// A request without a token acts as the user named by its client
+    /// Clients must present a certificate signed by `--trusted-ca-file`,
+    /// and a request without a token acts as the user named by the
     /// certificate's common name (etcd's flag; needs TLS).
     #[arg(long)]
     pub client_cert_auth: bool,
@@ -175,6 +210,14 @@ struct ServeFile {
     id: Option<String>,
     data_dir: Option<PathBuf>,
     listen_client: Option<SocketAddr>,
+    listen_client_urls: Option<String>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    trusted_ca_file: Option<PathBuf>,
+    peer_cert_file: Option<PathBuf>,
+    peer_key_file: Option<PathBuf>,
+    peer_trusted_ca_file: Option<PathBuf>,
+    peer_client_cert_auth: Option<bool>,
     listen_peer: Option<SocketAddr>,
     #[serde(default)]
     member: Vec<String>,
@@ -231,9 +274,9 @@ fn parse_member(text: &str) -> Result<(u64, MemberAddrs), String> {
         .split_once(',')
         .ok_or_else(|| format!("member {text:?}: expected ID=PEER_ADDR,CLIENT_URL"))?;
     let client_url = client_url.trim().to_string();
-    if !client_url.starts_with("http://") {
+    if !client_url.starts_with("http://") && !client_url.starts_with("https://") {
         return Err(format!(
-            "member {text:?}: the client URL must start with http://"
+            "member {text:?}: the client URL must start with http:// or https://"
         ));
     }
     Ok((
@@ -271,6 +314,45 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
         .listen_client
         .or(file.listen_client)
         .unwrap_or(default_client);
+    let cert_file = args.cert_file.or(file.cert_file);
+    let key_file = args.key_file.or(file.key_file);
+    let client_cert_auth = args.client_cert_auth || file.client_cert_auth.unwrap_or(false);
+    let client_tls = match (cert_file, key_file) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert,
+            key,
+            trusted_ca: args.trusted_ca_file.or(file.trusted_ca_file),
+            client_cert_auth,
+        }),
+        (None, None) => None,
+        _ => return Err("--cert-file and --key-file go together".to_string()),
+    };
+    let mut client_ports = match args.listen_client_urls.or(file.listen_client_urls) {
+        Some(urls) => parse_listen_urls(&urls)?,
+        None => vec![ClientListen {
+            addr: listen_client,
+            tls: client_tls.is_some(),
+        }],
+    };
+    let first_port = client_ports.remove(0);
+    let peer_client_cert_auth =
+        args.peer_client_cert_auth || file.peer_client_cert_auth.unwrap_or(false);
+    let peer_tls = match (
+        args.peer_cert_file.or(file.peer_cert_file),
+        args.peer_key_file.or(file.peer_key_file),
+        args.peer_trusted_ca_file.or(file.peer_trusted_ca_file),
+    ) {
+        (Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+            cert,
+            key,
+            trusted_ca: Some(ca),
+            client_cert_auth: peer_client_cert_auth,
+        }),
+        (None, None, None) if !peer_client_cert_auth => None,
+        _ => {
+            return Err("peer TLS needs --peer-cert-file, --peer-key-file and --peer-trusted-ca-file (the CA peers' certificates are verified against)".to_string())
+        }
+    };
     let listen_peer = args
         .listen_peer
         .or(file.listen_peer)
@@ -293,7 +375,11 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
             MemberAddrs {
                 name: format!("ferry-{id:x}"),
                 peer_addr: listen_peer.to_string(),
-                client_url: format!("http://{listen_client}"),
+                client_url: format!(
+                    "{}://{}",
+                    if first_port.tls { "https" } else { "http" },
+                    first_port.addr
+                ),
             },
         );
     }
@@ -304,7 +390,11 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
             listed.join(", ")
         ));
     }
-    let mut config = NodeConfig::new(id, data_dir, listen_client, listen_peer, members);
+    let mut config = NodeConfig::new(id, data_dir, first_port.addr, listen_peer, members);
+    config.client_listen_tls = first_port.tls;
+    config.client_listen_more = client_ports;
+    config.client_tls = client_tls;
+    config.peer_tls = peer_tls;
     if let Some(hex) = args.cluster_id.or(file.cluster_id) {
         config.cluster_id = u64::from_str_radix(hex.trim_start_matches("0x"), 16)
             .map_err(|_| format!("--cluster-id {hex:?} is not a hexadecimal number"))?;
@@ -441,8 +531,36 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
         }
         auth.bcrypt_cost = cost;
     }
-    auth.client_cert_auth = args.client_cert_auth || file.client_cert_auth.unwrap_or(false);
+    auth.client_cert_auth = client_cert_auth;
     Ok(config)
+}
+
+/// Parses `--listen-client-urls`: `http://HOST:PORT` or `https://HOST:PORT`,
+/// comma separated.
+fn parse_listen_urls(urls: &str) -> Result<Vec<ClientListen>, String> {
+    let mut ports = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|url| !url.is_empty()) {
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (false, rest)
+        } else {
+            return Err(format!(
+                "--listen-client-urls: {url:?} must start with http:// or https://"
+            ));
+        };
+        let addr = rest
+            .trim_end_matches('/')
+            .parse::<SocketAddr>()
+            .map_err(|_| {
+                format!("--listen-client-urls: {url:?} is not a URL of an IP address and port")
+            })?;
+        ports.push(ClientListen { addr, tls });
+    }
+    if ports.is_empty() {
+        return Err("--listen-client-urls names no URL".to_string());
+    }
+    Ok(ports)
 }
 
 /// Runs `ferry serve` until SIGINT or SIGTERM.
@@ -483,9 +601,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let client_urls: Vec<String> = node
+            .client_addrs
+            .iter()
+            .map(|(addr, tls)| format!("{}://{addr}", if *tls { "https" } else { "http" }))
+            .collect();
         tracing::info!(
             node = %Hex(node_id),
-            client = %node.client_addr,
+            client = %client_urls.join(","),
             peer = %node.peer_addr,
             data = %data_dir.display(),
             "serving"
@@ -498,12 +621,32 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = node.stopped() => {
-                eprintln!("ferry serve: node {node_id:x} stopped after an error (see the log above)");
-                return ExitCode::FAILURE;
+        let mut hangup =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+                Ok(signal) => signal,
+                Err(error) => {
+                    eprintln!("ferry serve: cannot listen for SIGHUP: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::info!("SIGINT: stopping");
+                    break;
+                }
+                _ = terminate.recv() => {
+                    tracing::info!("SIGTERM: stopping");
+                    break;
+                }
+                _ = hangup.recv() => {
+                    tracing::info!("SIGHUP: reloading the TLS certificates");
+                    node.reload_tls();
+                }
+                _ = node.stopped() => {
+                    eprintln!("ferry serve: node {node_id:x} stopped after an error (see the log above)");
+                    return ExitCode::FAILURE;
+                }
             }
         }
         node.shutdown().await;

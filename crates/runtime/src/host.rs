@@ -73,6 +73,8 @@ pub struct HostConfig {
     pub peer_read_timeout: Duration,
     /// The most bytes held for frames from peers, in all connections.
     pub peer_buffered_bytes_max: usize,
+    /// TLS for the peer links (see [`crate::transport::TransportConfig::tls`]).
+    pub peer_tls: Option<std::sync::Arc<crate::tls::ReloadableTls>>,
     /// The most messages queued for one peer node before new ones are shed
     /// (the engines' timers send again what matters). Every group's
     /// messages to a node share its queue, so it must hold a tick's worth
@@ -103,6 +105,7 @@ impl HostConfig {
             peer_connection_limits: ConnectionLimits::default(),
             peer_read_timeout: Duration::from_secs(30),
             peer_buffered_bytes_max: 256 << 20,
+            peer_tls: None,
             peer_queue_messages_max: 1 << 16,
         }
     }
@@ -215,6 +218,7 @@ impl NodeHost {
         transport_config.connection_limits = config.peer_connection_limits;
         transport_config.read_timeout = config.peer_read_timeout;
         transport_config.inbound_buffered_bytes_max = config.peer_buffered_bytes_max;
+        transport_config.tls = config.peer_tls.clone();
         transport_config.queue_frames_max = config.peer_queue_messages_max;
         transport_config.peers = config
             .peers

@@ -145,6 +145,7 @@ pub mod machine;
 pub mod member_id;
 pub mod snapshot_policy;
 mod stream;
+pub mod tls;
 pub mod transport;
 pub mod view;
 mod worker;

@@ -39,6 +39,7 @@ use crate::pb::etcdserverpb::watch_request::RequestUnion;
 use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::pb::ferrypb::{AuthStamp, Command};
 use crate::state::RANGE_KEYS_PER_LOCK;
+use crate::tls::{ClientConnectInfo, ClientIo, ReloadableTls};
 use crate::watch::StreamId;
 
 /// The etcd version ferry reports in Status: the API level it implements.
@@ -50,7 +51,17 @@ pub const REPORTED_ETCD_VERSION: &str = "3.5.0";
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// A client connection as the HTTP/2 server reads it.
-type ClientStream = AuthorityRepair<ClientConnection<tokio::net::TcpStream>>;
+type ClientStream = AuthorityRepair<ClientConnection<ClientIo>>;
+
+/// A port the API serves on: plaintext, or TLS with these certificates
+/// (etcd's `--listen-client-urls http://...,https://...`).
+#[derive(Debug)]
+pub struct ClientListener {
+    /// The bound listener.
+    pub listener: TcpListener,
+    /// TLS on this port, or `None` for plaintext.
+    pub tls: Option<Arc<ReloadableTls>>,
+}
 
 /// Bytes of key-values a Range may return and still be copied into its
 /// response on the API task; larger ones are built on a blocking thread.
@@ -150,10 +161,15 @@ impl Credentials {
 }
 
 /// The common name of the client certificate `request` came with: the hook
-/// for `--client-cert-auth`. ferry serves no TLS yet, so there is none; the
-/// TLS listener fills this in from the verified peer certificate.
-fn peer_common_name<T>(_request: &Request<T>) -> Option<String> {
-    None
+/// for `--client-cert-auth`. The TLS handshake verified the certificate
+/// against the trusted CA before any request could arrive; a plaintext
+/// connection, or one without a client certificate, has none.
+fn peer_common_name<T>(request: &Request<T>) -> Option<String> {
+    request
+        .extensions()
+        .get::<ClientConnectInfo>()
+        .and_then(|info| info.common_name.as_deref())
+        .map(str::to_string)
 }
 
 /// Settings of the API layer.
@@ -403,6 +419,27 @@ impl<B: Backend> EtcdApi<B> {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
+        self.serve_on(
+            vec![ClientListener {
+                listener,
+                tls: None,
+            }],
+            shutdown,
+        )
+        .await
+    }
+
+    /// Serves the API on every listener of `listeners` until `shutdown`
+    /// resolves, as [`EtcdApi::serve`] does on one. The listeners share one
+    /// set of connection limits. On a TLS listener a connection is admitted
+    /// by the limits first and then has the client handshake timeout to
+    /// complete its TLS handshake (a plaintext client fails it at once), so
+    /// no handshake holds a place for longer.
+    pub async fn serve_on(
+        self,
+        listeners: Vec<ClientListener>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
         let routes = self.routes();
         let api = self.clone();
         let shutdown = async move {
@@ -414,25 +451,52 @@ impl<B: Backend> EtcdApi<B> {
         // One accepted connection is handed over at a time: the gate, not a
         // queue, decides how many there are.
         let (accepted_tx, accepted) = mpsc::channel::<std::io::Result<ClientStream>>(1);
-        tokio::spawn(async move {
-            let warnings = SharedLogLimiter::for_remote_input();
-            loop {
-                let (stream, _remote, ticket) = tokio::select! {
-                    // The server stopped accepting: close the listener.
-                    _ = accepted_tx.closed() => return,
-                    accepted = gate.accept(&listener, "client", &warnings) => accepted,
-                };
-                let _ = stream.set_nodelay(true);
-                let connection = ClientConnection::new(stream, timeouts, Some(ticket));
-                if accepted_tx
-                    .send(Ok(AuthorityRepair::new(connection)))
-                    .await
-                    .is_err()
-                {
-                    return;
+        let warnings = Arc::new(SharedLogLimiter::for_remote_input());
+        for ClientListener { listener, tls } in listeners {
+            let accepted_tx = accepted_tx.clone();
+            let gate = gate.clone();
+            let warnings = warnings.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (stream, remote, ticket) = tokio::select! {
+                        // The server stopped accepting: close the listener.
+                        _ = accepted_tx.closed() => return,
+                        accepted = gate.accept(&listener, "client", &warnings) => accepted,
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let Some(tls) = &tls else {
+                        let connection =
+                            ClientConnection::new(ClientIo::Plain(stream), timeouts, Some(ticket));
+                        if accepted_tx
+                            .send(Ok(AuthorityRepair::new(connection)))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    };
+                    // Handshakes run beside the accept loop, each holding
+                    // its ticket: a slow one delays nobody else.
+                    let tls = tls.clone();
+                    let accepted_tx = accepted_tx.clone();
+                    tokio::spawn(async move {
+                        match ClientIo::accept_tls(stream, &tls, timeouts.handshake).await {
+                            Ok(io) => {
+                                let connection = ClientConnection::new(io, timeouts, Some(ticket));
+                                let _ =
+                                    accepted_tx.send(Ok(AuthorityRepair::new(connection))).await;
+                            }
+                            Err(error) => {
+                                // A client's mistake, not the node's: no warning.
+                                tracing::debug!(%remote, %error, "client TLS handshake failed");
+                            }
+                        }
+                    });
                 }
-            }
-        });
+            });
+        }
+        drop(accepted_tx);
         let keepalive = timeouts.keepalive_interval();
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(keepalive))

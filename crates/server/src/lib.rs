@@ -45,6 +45,7 @@ pub use ferry_runtime::transport as peer;
 pub use ferry_runtime::{log_limit, member_id};
 pub mod node;
 pub mod state;
+pub mod tls;
 pub mod watch;
 
 pub mod pb {

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -41,6 +41,7 @@ use ferry_raft::NodeId;
 use crate::connections::{ConnectionGate, ConnectionLimits};
 use crate::log_limit::SharedLogLimiter;
 use crate::member_id::Hex;
+use crate::tls::ReloadableTls;
 
 use super::frame::{
     decode_frame, encode_frame, frame_bytes_missing, FrameError, FRAME_BYTES_MAX_DEFAULT,
@@ -97,6 +98,14 @@ pub struct TransportConfig {
     /// How many inbound connections the peer listener holds at once, in
     /// all and per address.
     pub connection_limits: ConnectionLimits,
+    /// TLS for every peer connection, both ways (`--peer-cert-file` and
+    /// the rest), or `None` for plain TCP. Inbound connections complete a
+    /// TLS handshake (within `connect_timeout`) before their hello is
+    /// read, so that a peer without a certificate the cluster's CA signed
+    /// cannot send a single frame; outbound ones verify the peer's
+    /// certificate against the same CA. A reload takes effect at the next
+    /// handshake; open connections keep theirs.
+    pub tls: Option<Arc<ReloadableTls>>,
 }
 
 impl TransportConfig {
@@ -119,6 +128,7 @@ impl TransportConfig {
                 connections_max: 64,
                 connections_per_ip_max: 16,
             },
+            tls: None,
         }
     }
 
@@ -199,6 +209,8 @@ enum ConnectionError {
     Frame(#[from] FrameError),
     #[error("{0}")]
     Handshake(#[from] HandshakeError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("connection closed by the peer")]
     Closed,
     #[error("the peer sent nothing for {0:?}")]
@@ -387,14 +399,43 @@ async fn accept_loop(
 }
 
 async fn inbound_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
+    remote: SocketAddr,
+    inbound: &Inbound,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let Some(tls) = &inbound.config.tls else {
+        return inbound_session(stream, remote, inbound, shutdown).await;
+    };
+    // The TLS handshake comes first and is bounded like the hello: a
+    // connection that stalls in it holds its place for no longer.
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current().server());
+    match tokio::time::timeout(inbound.config.connect_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => inbound_session(stream, remote, inbound, shutdown).await,
+        Ok(Err(error)) => {
+            inbound
+                .stats
+                .handshakes_refused
+                .fetch_add(1, Ordering::Relaxed);
+            if let Some(suppressed) = inbound.refusal_warnings.allow() {
+                tracing::warn!(%remote, %error, suppressed, "refused a peer connection: TLS handshake failed");
+            }
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "peer connection timed out during the TLS handshake");
+        }
+    }
+}
+
+async fn inbound_session<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     remote: SocketAddr,
     inbound: &Inbound,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let config = &inbound.config;
     let stats = &inbound.stats;
-    let _ = stream.set_nodelay(true);
     // Before the hello a connection has proved nothing: it may send a
     // hello's bytes, unpaid (they are that few), and nothing more.
     let hello_limits = ReadLimits {
@@ -648,6 +689,11 @@ async fn outbound_loop(
                 if let ConnectionError::Handshake(HandshakeError::Refused(_)) = &error {
                     stats.handshakes_refused.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(peer = %Hex(peer), %addr, %error, "peer refused us");
+                } else if let ConnectionError::Tls(_) = &error {
+                    stats.handshakes_refused.fetch_add(1, Ordering::Relaxed);
+                    if failures_logged < 3 {
+                        tracing::warn!(peer = %Hex(peer), %addr, %error, "TLS handshake with peer failed; retrying");
+                    }
                 } else if failures_logged < 3 {
                     // Say it a few times, then stay quiet until it works.
                     tracing::info!(peer, %addr, %error, "cannot reach peer; retrying");
@@ -678,13 +724,55 @@ async fn outbound_loop(
     }
 }
 
+/// An outbound peer connection.
+enum PeerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// A TLS failure hides in an I/O error (an alert the peer sent, such as
+/// its refusal of our certificate, arrives on the first read): name it.
+fn tls_cause(error: ConnectionError) -> ConnectionError {
+    match error {
+        ConnectionError::Io(io) => {
+            match io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                Some(tls) => ConnectionError::Tls(tls.to_string()),
+                None => ConnectionError::Io(io),
+            }
+        }
+        other => other,
+    }
+}
+
 async fn connect(
     addr: &str,
     config: &TransportConfig,
     peer: NodeId,
-) -> Result<TcpStream, ConnectionError> {
-    let mut stream = TcpStream::connect(addr).await?;
+) -> Result<PeerStream, ConnectionError> {
+    let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    let Some(tls) = &config.tls else {
+        return Ok(PeerStream::Plain(say_hello(stream, config, peer).await?));
+    };
+    let client = tls.current().client().ok_or_else(|| {
+        ConnectionError::Tls("no --peer-trusted-ca-file to verify peers by".to_string())
+    })?;
+    let name = crate::tls::server_name(addr)
+        .ok_or_else(|| ConnectionError::Tls(format!("{addr:?} names no host to verify")))?;
+    let stream = tokio_rustls::TlsConnector::from(client)
+        .connect(name, stream)
+        .await
+        .map_err(|error| tls_cause(ConnectionError::Io(error)))?;
+    let stream = say_hello(stream, config, peer).await.map_err(tls_cause)?;
+    Ok(PeerStream::Tls(Box::new(stream)))
+}
+
+/// Sends our hello on a fresh connection and reads the peer's answer.
+async fn say_hello<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    config: &TransportConfig,
+    peer: NodeId,
+) -> Result<S, ConnectionError> {
     let hello = Hello {
         cluster_id: config.cluster_id,
         from: config.node_id,
@@ -709,13 +797,34 @@ enum WriteLoopEnd {
 
 /// Writes queued frames in batches until the connection fails.
 async fn write_loop(
-    stream: TcpStream,
+    stream: PeerStream,
     queue: &mut mpsc::Receiver<Bytes>,
     config: &TransportConfig,
     stats: &TransportStats,
     shutdown: &mut watch::Receiver<bool>,
 ) -> WriteLoopEnd {
-    let (mut read_half, mut write_half) = stream.into_split();
+    match stream {
+        // A TCP stream splits for free; a TLS one shares its session
+        // between the halves behind a lock.
+        PeerStream::Plain(stream) => {
+            let (read_half, write_half) = stream.into_split();
+            write_halves(read_half, write_half, queue, config, stats, shutdown).await
+        }
+        PeerStream::Tls(stream) => {
+            let (read_half, write_half) = tokio::io::split(stream);
+            write_halves(read_half, write_half, queue, config, stats, shutdown).await
+        }
+    }
+}
+
+async fn write_halves<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut read_half: R,
+    mut write_half: W,
+    queue: &mut mpsc::Receiver<Bytes>,
+    config: &TransportConfig,
+    stats: &TransportStats,
+    shutdown: &mut watch::Receiver<bool>,
+) -> WriteLoopEnd {
     let mut batch = BytesMut::with_capacity(config.batch_bytes_max.min(1 << 20));
     let mut probe = [0u8; 1];
     loop {
@@ -750,14 +859,22 @@ async fn write_loop(
         if let Err(error) = write_half.write_all(&batch).await {
             return WriteLoopEnd::Failed(ConnectionError::Io(error));
         }
+        // TLS buffers what it encrypts: push it out now.
+        if let Err(error) = write_half.flush().await {
+            return WriteLoopEnd::Failed(ConnectionError::Io(error));
+        }
         stats.frames_sent.fetch_add(frames, Ordering::Relaxed);
     }
 }
 
-async fn write_frame(stream: &mut TcpStream, payload: &[u8]) -> Result<(), ConnectionError> {
+async fn write_frame<W: AsyncWrite + Unpin>(
+    stream: &mut W,
+    payload: &[u8],
+) -> Result<(), ConnectionError> {
     let mut out = BytesMut::with_capacity(payload.len() + 8);
     encode_frame(payload, &mut out);
     stream.write_all(&out).await?;
+    stream.flush().await?;
     Ok(())
 }
 
@@ -863,6 +980,98 @@ mod tests {
         assert!(rx_a.try_recv().is_err());
         a.shutdown();
         b.shutdown();
+    }
+
+    fn tls_node(
+        dir: &std::path::Path,
+        name: &str,
+        issuer: &rcgen::Issuer<'static, rcgen::KeyPair>,
+        trusted_ca_pem: &str,
+    ) -> Arc<ReloadableTls> {
+        use crate::tls::tests::{issue, write};
+        let issued = issue(issuer, name);
+        let files = crate::tls::TlsFiles {
+            cert: write(dir, &format!("{name}.crt"), &issued.cert_pem),
+            key: write(dir, &format!("{name}.key"), &issued.key_pem),
+            trusted_ca: Some(write(dir, &format!("{name}-ca.crt"), trusted_ca_pem)),
+            client_cert_auth: true,
+        };
+        ReloadableTls::load("peer", files, &[]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn over_tls_only_peers_with_the_clusters_ca_send_frames() {
+        use crate::tls::tests::{ca, temp_dir};
+        let dir = temp_dir("peers");
+        let (cluster_ca, cluster_ca_pem) = ca();
+        let (other_ca, _) = ca();
+        let config = |id, tls| {
+            let mut config = TransportConfig::new(id, 42, loopback());
+            config.tls = Some(tls);
+            config
+        };
+        let (events_a, mut rx_a) = mpsc::channel(64);
+        let (events_b, mut rx_b) = mpsc::channel(64);
+        let (events_c, _rx_c) = mpsc::channel(64);
+        let mut a = Transport::start(
+            config(1, tls_node(&dir, "a", &cluster_ca, &cluster_ca_pem)),
+            events_a,
+        )
+        .await
+        .unwrap();
+        let mut b = Transport::start(
+            config(2, tls_node(&dir, "b", &cluster_ca, &cluster_ca_pem)),
+            events_b,
+        )
+        .await
+        .unwrap();
+        a.add_peer(2, b.local_addr().to_string());
+        b.add_peer(1, a.local_addr().to_string());
+        assert_eq!(next_event(&mut rx_a).await, TransportEvent::Connected(2));
+        assert_eq!(next_event(&mut rx_b).await, TransportEvent::Connected(1));
+        assert!(a.send(2, Bytes::from_static(b"over tls")));
+        assert_eq!(
+            next_event(&mut rx_b).await,
+            TransportEvent::Received {
+                from: 1,
+                payload: Bytes::from_static(b"over tls"),
+                lease: BufferLease::default(),
+            }
+        );
+        // Node 3 trusts the cluster's CA, but its own certificate is
+        // another CA's: A refuses it at the TLS handshake.
+        let mut c = Transport::start(
+            config(3, tls_node(&dir, "c", &other_ca, &cluster_ca_pem)),
+            events_c,
+        )
+        .await
+        .unwrap();
+        c.add_peer(1, a.local_addr().to_string());
+        for _ in 0..100 {
+            c.send(1, Bytes::from_static(b"forged"));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while a.stats().handshakes_refused.load(Ordering::Relaxed) == 0
+            || c.stats().handshakes_refused.load(Ordering::Relaxed) == 0
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "refusal never happened"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while let Ok(event) = rx_a.try_recv() {
+            assert!(
+                !matches!(event, TransportEvent::Received { from: 3, .. }),
+                "a frame of node 3 arrived"
+            );
+        }
+        assert_eq!(c.stats().frames_sent.load(Ordering::Relaxed), 0);
+        a.shutdown();
+        b.shutdown();
+        c.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Dials `addr` as node 9 of cluster 42 and completes the handshake.

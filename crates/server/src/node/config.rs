@@ -9,6 +9,7 @@ use ferry_raft::NodeId;
 
 use crate::api::ApiOptions;
 use crate::kv_state::KvLimits;
+use crate::tls::TlsFiles;
 use crate::watch::WatchLimits;
 
 /// Where a member can be reached.
@@ -22,6 +23,15 @@ pub struct MemberAddrs {
     pub client_url: String,
 }
 
+/// A client port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientListen {
+    /// Where.
+    pub addr: SocketAddr,
+    /// Whether it serves TLS (with [`NodeConfig::client_tls`]).
+    pub tls: bool,
+}
+
 /// The settings of one node.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -33,8 +43,20 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Where to serve the etcd API.
     pub client_listen: SocketAddr,
+    /// Whether `client_listen` serves TLS (with `client_tls`).
+    pub client_listen_tls: bool,
+    /// More client ports besides `client_listen`, each plaintext or TLS
+    /// (etcd's `--listen-client-urls http://...,https://...`).
+    pub client_listen_more: Vec<ClientListen>,
+    /// The certificates of the client ports that serve TLS.
+    pub client_tls: Option<TlsFiles>,
     /// Where to accept peer connections.
     pub peer_listen: SocketAddr,
+    /// TLS for every peer connection, both ways, or `None` for plain TCP.
+    pub peer_tls: Option<TlsFiles>,
+    /// How often the certificate files are checked for changes (a changed
+    /// file is reloaded; SIGHUP reloads at once).
+    pub tls_reload_interval: Duration,
     /// The founding members, this node included (with `join`: the members
     /// to contact, this node included).
     pub members: BTreeMap<NodeId, MemberAddrs>,
@@ -99,7 +121,12 @@ impl NodeConfig {
             cluster_id: 0x_f3e7_7000_0000_0001,
             data_dir,
             client_listen,
+            client_listen_tls: false,
+            client_listen_more: Vec::new(),
+            client_tls: None,
             peer_listen,
+            peer_tls: None,
+            tls_reload_interval: Duration::from_secs(2),
             members,
             join: false,
             tick_interval: Duration::from_millis(100),

@@ -22,5 +22,5 @@ mod start;
 
 pub use backend::RaftBackend;
 pub(crate) use config::member_addrs;
-pub use config::{MemberAddrs, NodeConfig};
+pub use config::{ClientListen, MemberAddrs, NodeConfig};
 pub use start::{start_node, RunningNode, StartError, KV_GROUP};

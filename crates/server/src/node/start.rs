@@ -21,10 +21,11 @@ use super::backend::RaftBackend;
 use super::config::NodeConfig;
 use super::machine::KvMachine;
 use super::member_addrs;
-use crate::api::EtcdApi;
+use crate::api::{ClientListener, EtcdApi};
 use crate::connections::{bind_listener, open_files_limit, split_descriptors, ConnectionLimits};
 use crate::member_id::Hex;
 use crate::state::{SharedState, StateMachine};
+use crate::tls::{ReloadableTls, TlsError, ALPN_H2};
 
 /// The one Raft group of the key-value store.
 pub const KV_GROUP: GroupId = 1;
@@ -59,6 +60,20 @@ pub enum StartError {
     /// The auth token settings are unusable (a JWT key cannot be read).
     #[error("auth tokens: {0}")]
     AuthTokens(String),
+    /// Certificates could not be loaded (a missing file, bad PEM, a key
+    /// that is not the certificate's).
+    #[error("{side} TLS: {source}")]
+    Tls {
+        /// "client" or "peer".
+        side: &'static str,
+        /// The cause.
+        source: TlsError,
+    },
+    /// A client port is to serve TLS but no certificate was given.
+    #[error(
+        "the client port {0} is to serve TLS (https), but no --cert-file and --key-file were given"
+    )]
+    TlsWithoutCertificate(SocketAddr),
     /// The client port could not be bound.
     #[error("cannot listen for clients on {addr}: {source}; is another process using the port?")]
     ClientBind {
@@ -86,6 +101,12 @@ pub struct RunningNode {
     pub client_addr: SocketAddr,
     /// Where peers connect.
     pub peer_addr: SocketAddr,
+    /// Every client port, with whether it serves TLS (the first is
+    /// `client_addr`).
+    pub client_addrs: Vec<(SocketAddr, bool)>,
+    /// The certificates in use (client side, peer side), for reloading.
+    pub tls: Vec<Arc<ReloadableTls>>,
+    tls_watch: Option<JoinHandle<()>>,
     host: NodeHost,
     shutdown: watch::Sender<bool>,
     housekeeping: JoinHandle<()>,
@@ -95,11 +116,23 @@ pub struct RunningNode {
 impl RunningNode {
     /// Stops accepting clients, syncs the log and stops.
     pub async fn shutdown(self) {
+        if let Some(watch) = &self.tls_watch {
+            watch.abort();
+        }
         let _ = self.shutdown.send(true);
         let _ = self.api.await;
         let _ = self.housekeeping.await;
         self.host.shutdown().await;
         tracing::info!("node stopped cleanly");
+    }
+
+    /// Reads every certificate file again (SIGHUP): new handshakes use the
+    /// new certificates, open connections keep theirs, and files that do
+    /// not load leave the previous certificates in force (logged).
+    pub fn reload_tls(&self) {
+        for tls in &self.tls {
+            let _ = tls.reload();
+        }
     }
 
     /// Resolves when the node stops by itself (a storage failure).
@@ -152,7 +185,29 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     // A log that lost data it had synced (`StorageError::LostSyncedData`)
     // is refused here like corruption: the node must not start, least of
     // all as a voter, and the error's message names the way back.
-    let host = NodeHost::start(host_config(&config, peer_limits)).await?;
+    // Certificates first: a mistake in them is reported before anything
+    // else starts.
+    let peer_tls = config
+        .peer_tls
+        .clone()
+        .map(|files| ReloadableTls::load("peer", files, &[]))
+        .transpose()
+        .map_err(|source| StartError::Tls {
+            side: "peer",
+            source,
+        })?;
+    let client_tls = config
+        .client_tls
+        .clone()
+        .map(|files| ReloadableTls::load("client", files, &[ALPN_H2]))
+        .transpose()
+        .map_err(|source| StartError::Tls {
+            side: "client",
+            source,
+        })?;
+    let mut host_settings = host_config(&config, peer_limits);
+    host_settings.peer_tls = peer_tls.clone();
+    let host = NodeHost::start(host_settings).await?;
     let peer_addr = host.peer_addr();
 
     let state = Arc::new(SharedState::new(StateMachine::new(
@@ -178,17 +233,34 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     };
     let group = host.start_group(KV_GROUP, membership, machine).await?;
 
-    let listener =
-        bind_listener(config.client_listen).map_err(|source| StartError::ClientBind {
-            addr: config.client_listen,
+    let mut listeners = Vec::new();
+    let mut client_addrs = Vec::new();
+    let ports = std::iter::once(super::ClientListen {
+        addr: config.client_listen,
+        tls: config.client_listen_tls,
+    })
+    .chain(config.client_listen_more.iter().copied());
+    for port in ports {
+        let tls = match (port.tls, &client_tls) {
+            (false, _) => None,
+            (true, Some(tls)) => Some(tls.clone()),
+            (true, None) => return Err(StartError::TlsWithoutCertificate(port.addr)),
+        };
+        let bind_error = |source| StartError::ClientBind {
+            addr: port.addr,
             source,
-        })?;
-    let client_addr = listener
-        .local_addr()
-        .map_err(|source| StartError::ClientBind {
-            addr: config.client_listen,
-            source,
-        })?;
+        };
+        let listener = bind_listener(port.addr).map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        client_addrs.push((addr, port.tls));
+        listeners.push(ClientListener { listener, tls });
+    }
+    let client_addr = client_addrs
+        .first()
+        .map_or(config.client_listen, |(addr, _)| *addr);
+    let tls: Vec<Arc<ReloadableTls>> = client_tls.into_iter().chain(peer_tls).collect();
+    let tls_watch = (!tls.is_empty())
+        .then(|| crate::tls::spawn_reload_watch(tls.clone(), config.tls_reload_interval));
 
     let backend = Arc::new(RaftBackend::new(
         state.clone(),
@@ -210,7 +282,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         let stop = async move {
             let _ = api_shutdown.wait_for(|stop| *stop).await;
         };
-        if let Err(error) = api.serve(listener, stop).await {
+        if let Err(error) = api.serve_on(listeners, stop).await {
             tracing::error!(%error, "the client API stopped");
         }
     });
@@ -230,6 +302,9 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         backend,
         client_addr,
         peer_addr,
+        client_addrs,
+        tls,
+        tls_watch,
         host,
         shutdown,
         housekeeping,
