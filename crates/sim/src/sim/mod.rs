@@ -2211,14 +2211,17 @@ impl Simulation {
                     self.coverage.hit(Counter::EntriesLoadFailed);
                     None
                 } else {
-                    let model = self
-                        .nodes
-                        .get(&node)
-                        .and_then(|n| n.disk.group(group))
-                        .and_then(|d| d.load_written(from, through, max_bytes));
-                    let Some(entries) =
-                        self.real_load_entries(node, group, (from, through, max_bytes), model)
-                    else {
+                    let disk = self.nodes.get(&node).and_then(|n| n.disk.group(group));
+                    let model = disk.and_then(|d| d.load_written(from, through, max_bytes));
+                    let covered = disk.map_or((0, 0), |d| {
+                        (d.synced().snapshot.index, d.synced().snapshot.term)
+                    });
+                    let Some(entries) = self.real_load_entries(
+                        node,
+                        group,
+                        (from, through, max_bytes),
+                        (model, covered),
+                    ) else {
                         return;
                     };
                     entries
