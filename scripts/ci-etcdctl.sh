@@ -189,8 +189,6 @@ echo "== auth: user add, role add, grant-permission --prefix, auth enable, --use
 # Through a follower-or-leader endpoint alone and then all three: the auth
 # state is replicated, simple tokens are per member (etcdctl authenticates
 # on the endpoint it dials).
-AUTH_EP=127.0.0.1:22379
-actl() { ETCDCTL_API=3 etcdctl --endpoints="$AUTH_EP" --command-timeout=10s "$@"; }
 # expect NAME PATTERN OUTPUT: passes when OUTPUT matches the regex PATTERN.
 expect() {
   if grep -Eq -- "$2" <<<"$3"; then
@@ -199,39 +197,51 @@ expect() {
     fail "$1: expected /$2/, got: $3"
   fi
 }
-expect "user add root" "^User root created" "$(actl user add root:rootpw 2>&1)"
-expect "user add alice" "^User alice created" "$(actl user add alice:alicepw 2>&1)"
-expect "role add app" "^Role app created" "$(actl role add app 2>&1)"
-expect "role grant-permission --prefix" "^Role app updated" \
-  "$(actl role grant-permission app --prefix=true readwrite auth-app/ 2>&1)"
-expect "user grant-role" "^Role app is granted to user alice" "$(actl user grant-role alice app 2>&1)"
-# etcdctl 3.4 adds the root role and grants it to root when AuthEnable
-# answers that root lacks it.
-expect "auth enable" "^Authentication Enabled" "$(actl auth enable 2>&1)"
-expect "no user: user name is empty" "etcdserver: user name is empty" "$(actl get auth-app/k 2>&1)"
-expect "put within the grant" "^OK" "$(actl --user alice:alicepw put auth-app/k v1 2>&1)"
-expect "get within the grant" "^v1$" "$(actl --user alice:alicepw get auth-app/k --print-value-only 2>&1)"
-expect "put outside the grant" "etcdserver: permission denied" "$(actl --user alice:alicepw put elsewhere v 2>&1)"
-expect "get --prefix wider than the grant" "etcdserver: permission denied" \
-  "$(actl --user alice:alicepw get auth --prefix 2>&1)"
-expect "wrong password" "authentication failed, invalid user ID or password" \
-  "$(actl --user alice:wrong get auth-app/k 2>&1)"
-expect "alice is not root" "etcdserver: permission denied" "$(actl --user alice:alicepw user list 2>&1)"
-expect "role get as root" "auth-app/" "$(actl --user root:rootpw role get app 2>&1)"
-expect "user list as root" "alice" "$(actl --user root:rootpw user list 2>&1)"
-expect "user get as root" "Roles: app" "$(actl --user root:rootpw user get alice 2>&1)"
-expect "every endpoint enforces it" "etcdserver: permission denied" \
-  "$(ETCDCTL_API=3 etcdctl --endpoints="$ALL" --user alice:alicepw put elsewhere v 2>&1)"
-expect "every endpoint reads it" "^v1$" \
-  "$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:32379 --user alice:alicepw get auth-app/k --print-value-only 2>&1)"
-expect "endpoint health with auth on" "is healthy" \
-  "$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2379 --user alice:alicepw endpoint health 2>&1)"
-expect "role revoke-permission" "Permission .*auth-app/.* revoked from role app" \
-  "$(actl --user root:rootpw role revoke-permission app --prefix=true auth-app/ 2>&1)"
-expect "revoked: denied" "etcdserver: permission denied" "$(actl --user alice:alicepw get auth-app/k 2>&1)"
-expect "auth disable" "^Authentication Disabled" "$(actl --user root:rootpw auth disable 2>&1)"
-expect "auth off: everyone is served" "^v1$" "$(actl get auth-app/k --print-value-only 2>&1)"
-expect "user delete" "^User alice deleted" "$(actl user delete alice 2>&1)"
+# auth_flow LABEL ANONYMOUS: etcdctl's auth flow through the functions
+# `one` and `other` (two endpoints), `every` (all three) and `first` (the
+# first), which the caller defines for plaintext or TLS. ANONYMOUS is what
+# a request without --user gets once auth is on.
+auth_flow() {
+  local l="$1" anonymous="$2"
+  expect "$l user add root" "^User root created" "$(one user add root:rootpw 2>&1)"
+  expect "$l user add alice" "^User alice created" "$(one user add alice:alicepw 2>&1)"
+  expect "$l role add app" "^Role app created" "$(one role add app 2>&1)"
+  expect "$l role grant-permission --prefix" "^Role app updated" \
+    "$(one role grant-permission app --prefix=true readwrite auth-app/ 2>&1)"
+  expect "$l user grant-role" "^Role app is granted to user alice" "$(one user grant-role alice app 2>&1)"
+  # etcdctl 3.4 adds the root role and grants it to root when AuthEnable
+  # answers that root lacks it.
+  expect "$l auth enable" "^Authentication Enabled" "$(one auth enable 2>&1)"
+  expect "$l no user" "$anonymous" "$(one get auth-app/k 2>&1)"
+  expect "$l put within the grant" "^OK" "$(one --user alice:alicepw put auth-app/k v1 2>&1)"
+  expect "$l get within the grant" "^v1$" "$(one --user alice:alicepw get auth-app/k --print-value-only 2>&1)"
+  expect "$l put outside the grant" "etcdserver: permission denied" "$(one --user alice:alicepw put elsewhere v 2>&1)"
+  expect "$l get --prefix wider than the grant" "etcdserver: permission denied" \
+    "$(one --user alice:alicepw get auth --prefix 2>&1)"
+  expect "$l wrong password" "authentication failed, invalid user ID or password" \
+    "$(one --user alice:wrong get auth-app/k 2>&1)"
+  expect "$l alice is not root" "etcdserver: permission denied" "$(one --user alice:alicepw user list 2>&1)"
+  expect "$l role get as root" "auth-app/" "$(one --user root:rootpw role get app 2>&1)"
+  expect "$l user list as root" "alice" "$(one --user root:rootpw user list 2>&1)"
+  expect "$l user get as root" "Roles: app" "$(one --user root:rootpw user get alice 2>&1)"
+  expect "$l every endpoint enforces it" "etcdserver: permission denied" \
+    "$(every --user alice:alicepw put elsewhere v 2>&1)"
+  expect "$l another endpoint reads it" "^v1$" \
+    "$(other --user alice:alicepw get auth-app/k --print-value-only 2>&1)"
+  expect "$l endpoint health with auth on" "is healthy" \
+    "$(first --user alice:alicepw endpoint health 2>&1)"
+  expect "$l role revoke-permission" "Permission .*auth-app/.* revoked from role app" \
+    "$(one --user root:rootpw role revoke-permission app --prefix=true auth-app/ 2>&1)"
+  expect "$l revoked: denied" "etcdserver: permission denied" "$(one --user alice:alicepw get auth-app/k 2>&1)"
+  expect "$l auth disable" "^Authentication Disabled" "$(one --user root:rootpw auth disable 2>&1)"
+  expect "$l auth off: everyone is served" "^v1$" "$(one get auth-app/k --print-value-only 2>&1)"
+  expect "$l user delete" "^User alice deleted" "$(one user delete alice 2>&1)"
+}
+one() { ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:22379 --command-timeout=10s "$@"; }
+other() { ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:32379 --command-timeout=10s "$@"; }
+every() { ETCDCTL_API=3 etcdctl --endpoints="$ALL" --command-timeout=10s "$@"; }
+first() { ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2379 --command-timeout=10s "$@"; }
+auth_flow "" "etcdserver: user name is empty"
 
 echo "== stopping ferry dev with SIGINT"
 kill -INT "$DEV_PID"
@@ -306,8 +316,14 @@ else
   fi
   # The client certificate's common name is root: with auth on, a request
   # without a token acts as root.
-  expect "tls: user add root" "^User root created" "$(tctl --endpoints=https://127.0.0.1:22379 user add root:rootpw 2>&1)"
-  expect "tls: auth enable" "^Authentication Enabled" "$(tctl --endpoints=https://127.0.0.1:22379 auth enable 2>&1)"
+  # The whole auth flow over TLS. A request without --user carries the
+  # client certificate, whose CN (root) is then the user: served.
+  one() { tctl --endpoints=https://127.0.0.1:22379 "$@"; }
+  other() { tctl --endpoints=https://127.0.0.1:32379 "$@"; }
+  every() { tctl --endpoints="$TLS_ALL" "$@"; }
+  first() { tctl --endpoints=https://127.0.0.1:2379 "$@"; }
+  auth_flow "tls:" "^$"
+  expect "tls: auth enable again" "^Authentication Enabled" "$(one auth enable 2>&1)"
   expect "tls: the certificate's CN is the user" "^tls-v$" \
     "$(tctl --endpoints=https://127.0.0.1:22379 get tls-k --print-value-only 2>&1)"
   expect "tls: a token wins over the CN" "authentication failed" \
