@@ -1,7 +1,9 @@
 //! Process-level tests: real `ferry serve` processes on loopback, driven
 //! through the etcd v3 gRPC API with our own generated client.
 
-use std::net::TcpListener;
+mod common;
+use common::free_port;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,26 +23,6 @@ use ferry_server::pb::etcdserverpb::{
 };
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
-
-/// A free port on loopback (bound, then released for the node to take),
-/// never one handed out before in this process: the system may give a
-/// released port out again at once, and two nodes of a cluster (of this
-/// test or of one running beside it) would then fight over it.
-fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap();
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
-            return port;
-        }
-    }
-}
 
 struct Node {
     id: u64,
@@ -2214,7 +2196,7 @@ async fn login(cluster: &Cluster, id: u64, name: &str, password: &str) -> String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
-    use ferry_server::pb::authpb::{permission::Type as PermType, Permission};
+    use ferry_server::pb::authpb::permission::Type as PermType;
     use ferry_server::pb::etcdserverpb as pb;
     // Snapshots every few entries, so that the restart restores the auth
     // state from a snapshot as well as from the log.
@@ -2233,41 +2215,7 @@ async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
     let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
     let follower = a_follower(leader, &[1, 2, 3]);
     let mut auth = AuthClient::new(connect(&cluster, leader).await);
-    for name in ["root", "alice"] {
-        auth.user_add(pb::AuthUserAddRequest {
-            name: name.into(),
-            password: format!("{name}-pw"),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
-    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
-        user: "root".into(),
-        role: "root".into(),
-    })
-    .await
-    .unwrap();
-    auth.role_add(pb::AuthRoleAddRequest { name: "app".into() })
-        .await
-        .unwrap();
-    auth.role_grant_permission(pb::AuthRoleGrantPermissionRequest {
-        name: "app".into(),
-        perm: Some(Permission {
-            perm_type: PermType::Readwrite as i32,
-            key: "app/".into(),
-            range_end: "app0".into(),
-        }),
-    })
-    .await
-    .unwrap();
-    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
-        user: "alice".into(),
-        role: "app".into(),
-    })
-    .await
-    .unwrap();
-    auth.auth_enable(pb::AuthEnableRequest {}).await.unwrap();
+    common::enable_auth_with_app_user(&mut auth, "alice", "app", PermType::Readwrite).await;
 
     // On a follower: alice may write under app/ and nowhere else; without
     // a token nobody may.

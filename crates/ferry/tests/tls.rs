@@ -5,7 +5,9 @@
 //! only and its nodes all take the same flags, where these take each their
 //! own certificate files and change them between restarts.
 
-use std::net::TcpListener;
+mod common;
+use common::free_port;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,24 +20,6 @@ use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use ferry_server::pb::etcdserverpb::{PutRequest, RangeRequest, StatusRequest, StatusResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
-
-/// A free port on loopback, never one handed out before in this process
-/// (see cluster.rs's twin).
-fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap();
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
-            return port;
-        }
-    }
-}
 
 /// A certificate authority made for one test.
 struct Ca {
@@ -855,8 +839,7 @@ async fn a_client_certificate_from_another_ca_is_refused_with_client_cert_auth()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_client_cert_auth_the_certificate_common_name_is_the_user() {
-    use ferry_server::pb::authpb::{permission::Type as PermType, Permission};
-    use ferry_server::pb::etcdserverpb as pb;
+    use ferry_server::pb::authpb::permission::Type as PermType;
     let mut cluster = Cluster::new("cn-user", 1, true);
     let ca = Ca::new("cluster CA");
     let ca_file = cluster.write("ca.crt", &ca.pem);
@@ -874,41 +857,7 @@ async fn with_client_cert_auth_the_certificate_common_name_is_the_user() {
     cluster.put(1, "other", "2").await;
 
     let mut auth = AuthClient::new(cluster.connect(1).await);
-    for name in ["root", "reader"] {
-        auth.user_add(pb::AuthUserAddRequest {
-            name: name.into(),
-            password: format!("{name}-pw"),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
-    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
-        user: "root".into(),
-        role: "root".into(),
-    })
-    .await
-    .unwrap();
-    auth.role_add(pb::AuthRoleAddRequest { name: "ro".into() })
-        .await
-        .unwrap();
-    auth.role_grant_permission(pb::AuthRoleGrantPermissionRequest {
-        name: "ro".into(),
-        perm: Some(Permission {
-            perm_type: PermType::Read as i32,
-            key: "app/".into(),
-            range_end: "app0".into(),
-        }),
-    })
-    .await
-    .unwrap();
-    auth.user_grant_role(pb::AuthUserGrantRoleRequest {
-        user: "reader".into(),
-        role: "ro".into(),
-    })
-    .await
-    .unwrap();
-    auth.auth_enable(pb::AuthEnableRequest {}).await.unwrap();
+    common::enable_auth_with_app_user(&mut auth, "reader", "ro", PermType::Read).await;
 
     let addr = cluster.client_addr(1);
     let range = |key: &str| RangeRequest {
