@@ -320,7 +320,21 @@ async fn a_host_restarts_from_its_data_and_a_late_member_catches_up_from_a_snaps
         );
     }
     // Node 1 restarts from its data directory: every group resumes with
-    // its state (snapshot plus log), and takes writes again.
+    // its state (snapshot plus log), and takes writes again. (A group with
+    // nothing synced yet has nothing to recover: wait until each has made
+    // its leader's first entry durable here. Under load some had not, and
+    // the test failed now and then.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for handle in handles[&1].values() {
+        while handle.view_with(|view| view.durable_index) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "group {} synced nothing on node 1",
+                handle.group()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     handles.remove(&1);
     cluster.stop(1).await;
     let host1 = cluster.start(1).await.clone();
