@@ -753,15 +753,18 @@ async fn a_late_member_is_caught_up_from_entries_the_leader_reads_back_from_its_
     for group in 1..=2u64 {
         expected.insert(group, read(&handles[&1][&group]).await);
     }
-    let loaded_before: u64 = [1, 2]
-        .iter()
-        .map(|id| {
-            cluster.hosts[id]
-                .log_counters()
-                .entries_loaded
-                .load(Ordering::Relaxed)
-        })
-        .sum();
+    let loaded_by_founders = |cluster: &Cluster| -> u64 {
+        [1, 2]
+            .iter()
+            .map(|id| {
+                cluster.hosts[id]
+                    .log_counters()
+                    .entries_loaded
+                    .load(Ordering::Relaxed)
+            })
+            .sum()
+    };
+    let loaded_before = loaded_by_founders(&cluster);
     let host3 = NodeHost::start(configure(cluster.config(3))).await.unwrap();
     cluster.hosts.insert(3, host3.clone());
     let late = start_groups(&host3, &[1, 2, 3]).await;
@@ -769,16 +772,7 @@ async fn a_late_member_is_caught_up_from_entries_the_leader_reads_back_from_its_
         let what = format!("group {group} on the late node");
         wait_for_lines(&late[&group], &expected[&group], &what).await;
     }
-    let loaded: u64 = [1, 2]
-        .iter()
-        .map(|id| {
-            cluster.hosts[id]
-                .log_counters()
-                .entries_loaded
-                .load(Ordering::Relaxed)
-        })
-        .sum::<u64>()
-        - loaded_before;
+    let loaded = loaded_by_founders(&cluster) - loaded_before;
     assert!(
         loaded >= 2 * 50,
         "the leaders read back only {loaded} entries for the late member"
