@@ -2232,8 +2232,58 @@ async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
     assert_eq!(denied.message(), "etcdserver: permission denied");
     let anonymous = kv.put(put("app/2")).await.unwrap_err();
     assert_eq!(anonymous.message(), "etcdserver: user name is empty");
-    // Enough writes for every member to snapshot past the auth changes.
+    // The token was handed out through the log: every member takes it,
+    // at once after the Authenticate answer (a member that has not applied
+    // it yet catches up before it judges the token).
+    for id in [1, 2, 3] {
+        KvClient::new(connect(&cluster, id).await)
+            .put(with_token(put(&format!("app/from-{id}")), &alice))
+            .await
+            .unwrap_or_else(|error| panic!("alice's token on node {id}: {error}"));
+    }
+    // A password changed through one member ends the token on all.
     let root = login(&cluster, leader, "root", "root-pw").await;
+    let other = [1, 2, 3]
+        .into_iter()
+        .find(|id| *id != leader && *id != follower)
+        .unwrap();
+    let mut changes = AuthClient::new(connect(&cluster, other).await);
+    let old_alice = alice.clone();
+    changes
+        .user_change_password(with_token(
+            pb::AuthUserChangePasswordRequest {
+                name: "alice".into(),
+                password: "alice-pw2".into(),
+                ..Default::default()
+            },
+            &root,
+        ))
+        .await
+        .unwrap();
+    for id in [1, 2, 3] {
+        let ended = KvClient::new(connect(&cluster, id).await)
+            .put(with_token(put("app/2"), &old_alice))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            ended.message(),
+            "etcdserver: invalid auth token",
+            "node {id}"
+        );
+    }
+    changes
+        .user_change_password(with_token(
+            pb::AuthUserChangePasswordRequest {
+                name: "alice".into(),
+                password: "alice-pw".into(),
+                ..Default::default()
+            },
+            &root,
+        ))
+        .await
+        .unwrap();
+    let alice = login(&cluster, follower, "alice", "alice-pw").await;
+    // Enough writes for every member to snapshot past the auth changes.
     let mut leader_kv = KvClient::new(connect(&cluster, leader).await);
     for i in 0..30 {
         leader_kv
@@ -2270,7 +2320,9 @@ async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
         assert!(after.enabled, "node {id}");
         assert_eq!(after.auth_revision, status.auth_revision, "node {id}");
     }
-    // Simple tokens lived in the old processes' memory only.
+    // Tokens are not in snapshots, and the entry that handed this one out
+    // is behind every member's snapshot by now: no member holds it after
+    // the restart.
     let mut kv = KvClient::new(connect(&cluster, follower).await);
     let stale = kv.put(with_token(put("app/3"), &alice)).await.unwrap_err();
     assert_eq!(stale.message(), "etcdserver: invalid auth token");

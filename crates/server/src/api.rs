@@ -21,7 +21,7 @@ use tonic::codegen::tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Access, AuthError, AuthStore, PASSWORD_BYTES_MAX};
-use crate::auth_token::{TokenConfig, Tokens, SIMPLE_TOKEN_TTL_DEFAULT};
+use crate::auth_token::{Issued, TokenConfig, Tokens, SIMPLE_TOKEN_TTL_DEFAULT, TOKEN_BYTES_MAX};
 use crate::authority::AuthorityRepair;
 use crate::backend::{Backend, NodeStatus};
 use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
@@ -38,7 +38,7 @@ use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
 use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
 use crate::pb::ferrypb::{AuthStamp, Command};
-use crate::state::RANGE_KEYS_PER_LOCK;
+use crate::state::{StateMachine, RANGE_KEYS_PER_LOCK};
 use crate::tls::{ClientConnectInfo, ClientIo, ReloadableTls};
 use crate::watch::StreamId;
 
@@ -287,12 +287,17 @@ impl<B: Backend> EtcdApi<B> {
     /// The user `credentials` name by the auth state `auth`: empty while
     /// auth is off (tokens are then ignored, as etcd does) or when the
     /// request brings none. A token wins over a certificate's name.
-    fn caller_in(&self, auth: &AuthStore, credentials: &Credentials) -> Result<String, AuthError> {
+    fn caller_in(
+        &self,
+        machine: &StateMachine,
+        credentials: &Credentials,
+    ) -> Result<String, AuthError> {
+        let auth = machine.kv().auth();
         if !auth.enabled() {
             return Ok(String::new());
         }
         if let Some(token) = &credentials.token {
-            return self.tokens.resolve(token, auth);
+            return self.tokens.resolve(token, auth, &machine.tokens);
         }
         if self.options.auth.client_cert_auth {
             if let Some(name) = &credentials.peer_common_name {
@@ -302,11 +307,32 @@ impl<B: Backend> EtcdApi<B> {
         Ok(String::new())
     }
 
+    /// The credentials `request` brings, once this member can judge its
+    /// token: a simple token handed out through another member is held
+    /// here only once this member applied the entry, which may lag the
+    /// client that brings it. So an unknown one makes this member catch up
+    /// with everything committed before the call (ReadIndex) first.
+    async fn credentials<T>(&self, request: &Request<T>) -> Result<Credentials, Status> {
+        let credentials = Credentials::of(request);
+        if let Some(token) = &credentials.token {
+            let unknown = self.tokens.is_simple() && token.len() <= TOKEN_BYTES_MAX && {
+                let machine = self.backend.state().lock();
+                machine.kv().auth().enabled() && !machine.tokens.contains(token)
+            };
+            if unknown {
+                self.backend.read_index().await?;
+            }
+        }
+        Ok(credentials)
+    }
+
     /// The user a request acts as, and the auth revision that was read at.
     fn caller(&self, credentials: &Credentials) -> Result<(String, u64), Status> {
         let machine = self.backend.state().lock();
         let auth = machine.kv().auth();
-        let user = self.caller_in(auth, credentials).map_err(ApiError::from)?;
+        let user = self
+            .caller_in(&machine, credentials)
+            .map_err(ApiError::from)?;
         Ok((user, auth.revision()))
     }
 
@@ -318,7 +344,9 @@ impl<B: Backend> EtcdApi<B> {
     ) -> Result<String, Status> {
         let machine = self.backend.state().lock();
         let auth = machine.kv().auth();
-        let user = self.caller_in(auth, credentials).map_err(ApiError::from)?;
+        let user = self
+            .caller_in(&machine, credentials)
+            .map_err(ApiError::from)?;
         check(auth, &user).map_err(ApiError::from)?;
         Ok(user)
     }
@@ -537,9 +565,19 @@ impl<B: Backend> EtcdApi<B> {
     async fn propose(
         &self,
         credentials: &Credentials,
-        mut command: Command,
+        command: Command,
     ) -> Result<CommandResponse, Status> {
         self.serving()?;
+        Ok(self.propose_checked(credentials, command).await?)
+    }
+
+    /// [`EtcdApi::propose`] with the error as the API's, for callers that
+    /// look at it.
+    async fn propose_checked(
+        &self,
+        credentials: &Credentials,
+        mut command: Command,
+    ) -> Result<CommandResponse, ApiError> {
         {
             // Refuse what can be refused before it costs a log entry, and
             // write the limits it was admitted under into the command, for
@@ -548,20 +586,52 @@ impl<B: Backend> EtcdApi<B> {
             let machine = self.backend.state().lock();
             let kv = machine.kv();
             command.bounds = Some(kv.limits().command_bounds());
-            kv.validate(&command).map_err(ApiError::from)?;
-            let user = self
-                .caller_in(kv.auth(), credentials)
-                .map_err(ApiError::from)?;
-            kv.authorize(&user, &command).map_err(ApiError::from)?;
+            kv.validate(&command)?;
+            let user = self.caller_in(&machine, credentials)?;
+            kv.authorize(&user, &command)?;
             command.auth = Some(AuthStamp {
                 user,
                 revision: kv.auth().revision(),
             });
             if let Some(CommandKind::Txn(txn)) = &command.kind {
-                kv.admit_txn_response(txn).map_err(ApiError::from)?;
+                kv.admit_txn_response(txn)?;
             }
         }
-        Ok(self.backend.propose(command).await?)
+        self.backend.propose(command).await
+    }
+
+    /// Checks `password` against `user`'s by the newest auth state (a
+    /// change committed before this call counts), with bcrypt off the
+    /// async threads; answers the auth revision it checked at.
+    async fn check_password(&self, user: &str, password: &str) -> Result<u64, Status> {
+        self.backend.read_index().await?;
+        let (hash, revision) = {
+            let machine = self.backend.state().lock();
+            let auth = machine.kv().auth();
+            if !auth.enabled() {
+                return Err(ApiError::from(AuthError::AuthNotEnabled).into());
+            }
+            (auth.password_hash(user).cloned(), auth.revision())
+        };
+        let cost = self.options.auth.bcrypt_cost;
+        let password = password.to_string();
+        let verified = self
+            .bcrypt(move || match &hash {
+                Some(hash) => bcrypt::verify(password.as_bytes(), hash.as_str()).unwrap_or(false),
+                None => {
+                    // The same time spent for a user that does not exist
+                    // (or has no password), so that timing tells nothing.
+                    if let Some(decoy) = decoy_hash(cost) {
+                        let _ = bcrypt::verify(password.as_bytes(), decoy);
+                    }
+                    false
+                }
+            })
+            .await?;
+        if !verified {
+            return Err(ApiError::from(AuthError::AuthFailed).into());
+        }
+        Ok(revision)
     }
 
     /// Proposes an auth change and answers with a header.
@@ -577,6 +647,10 @@ impl<B: Backend> EtcdApi<B> {
     }
 }
 
+/// How often Authenticate checks a password again because the auth state
+/// moved before its token was handed out.
+const AUTHENTICATE_ATTEMPTS_MAX: u32 = 3;
+
 fn unexpected(response: CommandResponse) -> Status {
     ApiError::Internal(format!("state machine answered with {response:?}")).into()
 }
@@ -587,7 +661,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let request = request.into_inner();
         self.serving()?;
         if request.key.is_empty() {
@@ -630,7 +704,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         match self
             .propose(
                 &credentials,
@@ -650,7 +724,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         match self
             .propose(
                 &credentials,
@@ -670,7 +744,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<Response<pb::TxnResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         match self
             .propose(
                 &credentials,
@@ -706,7 +780,7 @@ impl<B: Backend> Kv for EtcdApi<B> {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         match self
             .propose(
                 &credentials,
@@ -918,7 +992,7 @@ impl<B: Backend> Watch for EtcdApi<B> {
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.serving()?;
-        let (user, checked_revision) = self.caller(&Credentials::of(&request))?;
+        let (user, checked_revision) = self.caller(&self.credentials(&request).await?)?;
         let opened = self.backend.state().lock().watches.open_stream();
         let Some((stream_id, wake)) = opened else {
             return Err(Status::resource_exhausted(
@@ -961,7 +1035,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let request = request.into_inner();
         let grant = LeaseGrantCommand {
             id: request.id,
@@ -983,7 +1057,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let revoke = LeaseRevokeCommand {
             id: request.into_inner().id,
         };
@@ -1006,7 +1080,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         self.serving()?;
-        self.authorize_with(&Credentials::of(&request), |auth, user| {
+        self.authorize_with(&self.credentials(&request).await?, |auth, user| {
             auth.check_user(user)
         })?;
         let mut incoming = request.into_inner();
@@ -1049,14 +1123,14 @@ impl<B: Backend> Lease for EtcdApi<B> {
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let request = request.into_inner();
         {
             // The keys are told only to whom may read them.
             let machine = self.backend.state().lock();
             let kv = machine.kv();
             let user = self
-                .caller_in(kv.auth(), &credentials)
+                .caller_in(&machine, &credentials)
                 .map_err(ApiError::from)?;
             kv.auth().check_user(&user).map_err(ApiError::from)?;
             if let (true, Some(record)) = (request.keys, kv.leases().get(&request.id)) {
@@ -1105,7 +1179,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
         request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
         self.serving()?;
-        self.authorize_with(&Credentials::of(&request), |auth, user| {
+        self.authorize_with(&self.credentials(&request).await?, |auth, user| {
             auth.check_user(user)
         })?;
         self.backend.read_index().await?;
@@ -1135,7 +1209,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         let request = request.into_inner();
         let (member, members) = self
             .backend
@@ -1153,7 +1227,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         let members = self.backend.member_remove(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberRemoveResponse {
             header: Some(self.header(self.current_revision())),
@@ -1185,7 +1259,7 @@ impl<B: Backend> Cluster for EtcdApi<B> {
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         let members = self.backend.member_promote(request.into_inner().id).await?;
         Ok(Response::new(pb::MemberPromoteResponse {
             header: Some(self.header(self.current_revision())),
@@ -1204,7 +1278,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let action = AlarmAction::try_from(request.into_inner().action);
         if action != Ok(AlarmAction::Get) {
             // Anyone may list alarms (etcdctl's health check does).
@@ -1259,7 +1333,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         // etcd rewrites its bbolt file to give back the pages deleted keys
         // left free. ferry's store holds no free pages (the state is in
         // memory and each snapshot is written whole), so there is nothing
@@ -1275,7 +1349,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         // The view is taken under the lock (it shares the values); the
         // checksum runs off it, on a blocking thread.
         let source = self.backend.state().lock().snapshot_source();
@@ -1294,7 +1368,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         let requested = request.into_inner().revision;
         let (hash, compact_revision, current) = {
             let machine = self.backend.state().lock();
@@ -1319,7 +1393,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         Err(ApiError::Unimplemented("Snapshot (etcd's bbolt backup format)").into())
     }
 
@@ -1328,7 +1402,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
         self.serving()?;
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         let target = request.into_inner().target_id;
         self.backend.move_leader(target).await?;
         Ok(Response::new(pb::MoveLeaderResponse {
@@ -1340,7 +1414,7 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
-        self.require_admin(&Credentials::of(&request))?;
+        self.require_admin(&self.credentials(&request).await?)?;
         Err(ApiError::Unimplemented("Downgrade").into())
     }
 }
@@ -1361,7 +1435,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthEnableRequest>,
     ) -> Result<Response<pb::AuthEnableResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(&credentials, CommandKind::AuthEnable(request.into_inner()))
             .await?;
@@ -1374,7 +1448,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthDisableRequest>,
     ) -> Result<Response<pb::AuthDisableResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(&credentials, CommandKind::AuthDisable(request.into_inner()))
             .await?;
@@ -1407,44 +1481,50 @@ impl<B: Backend> Auth for EtcdApi<B> {
     ) -> Result<Response<pb::AuthenticateResponse>, Status> {
         self.serving()?;
         let request = request.into_inner();
-        // The newest passwords: a change committed before this call counts.
-        self.backend.read_index().await?;
-        let (hash, revision) = {
-            let machine = self.backend.state().lock();
-            let auth = machine.kv().auth();
-            if !auth.enabled() {
-                return Err(ApiError::from(AuthError::AuthNotEnabled).into());
-            }
-            (auth.password_hash(&request.name).cloned(), auth.revision())
-        };
         if request.name.is_empty() || request.password.len() > PASSWORD_BYTES_MAX {
             return Err(ApiError::from(AuthError::AuthFailed).into());
         }
-        let cost = self.options.auth.bcrypt_cost;
-        let checked = hash.clone();
-        let password = request.password;
-        let verified = self
-            .bcrypt(move || match &checked {
-                Some(hash) => bcrypt::verify(password.as_bytes(), hash.as_str()).unwrap_or(false),
-                None => {
-                    if let Some(decoy) = decoy_hash(cost) {
-                        let _ = bcrypt::verify(password.as_bytes(), decoy);
+        // A simple token is valid once the log handed it out, and only if
+        // the auth state did not move between the password check and that
+        // apply (the password may have changed); if it moved, check again,
+        // as etcd does, a bounded number of times.
+        let mut attempts_left = AUTHENTICATE_ATTEMPTS_MAX;
+        loop {
+            attempts_left -= 1;
+            let revision = self
+                .check_password(&request.name, &request.password)
+                .await?;
+            let token = match self
+                .tokens
+                .issue(&request.name, revision)
+                .map_err(ApiError::from)?
+            {
+                Issued::Signed(token) => token,
+                Issued::Replicate(assign) => {
+                    let token = assign.token.clone();
+                    let proposed = self
+                        .propose_checked(
+                            &Credentials::default(),
+                            command(CommandKind::AuthToken(assign)),
+                        )
+                        .await;
+                    match proposed {
+                        Ok(CommandResponse::TokenAssigned(_)) => token,
+                        Ok(other) => return Err(unexpected(other)),
+                        Err(ApiError::Kv(KvError::Auth(AuthError::AuthOldRevision)))
+                            if attempts_left > 0 =>
+                        {
+                            continue;
+                        }
+                        Err(error) => return Err(error.into()),
                     }
-                    false
                 }
-            })
-            .await?;
-        let Some(hash) = hash.filter(|_| verified) else {
-            return Err(ApiError::from(AuthError::AuthFailed).into());
-        };
-        let token = self
-            .tokens
-            .assign(&request.name, Some(&hash), revision)
-            .map_err(ApiError::from)?;
-        Ok(Response::new(pb::AuthenticateResponse {
-            header: Some(self.header(self.current_revision())),
-            token,
-        }))
+            };
+            return Ok(Response::new(pb::AuthenticateResponse {
+                header: Some(self.header(self.current_revision())),
+                token,
+            }));
+        }
     }
 
     async fn user_add(
@@ -1452,7 +1532,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         request: Request<pb::AuthUserAddRequest>,
     ) -> Result<Response<pb::AuthUserAddResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let mut request = request.into_inner();
         // Who may add users is checked before bcrypt spends any time.
         self.require_admin(&credentials)?;
@@ -1481,13 +1561,15 @@ impl<B: Backend> Auth for EtcdApi<B> {
         request: Request<pb::AuthUserGetRequest>,
     ) -> Result<Response<pb::AuthUserGetResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let request = request.into_inner();
         self.backend.read_index().await?;
         let roles = {
             let machine = self.backend.state().lock();
             let auth = machine.kv().auth();
-            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            let user = self
+                .caller_in(&machine, &credentials)
+                .map_err(ApiError::from)?;
             // A user may read itself; everyone else, only root.
             if !(auth.enabled() && user == request.name && !user.is_empty()) {
                 auth.check_admin(&user).map_err(ApiError::from)?;
@@ -1508,12 +1590,14 @@ impl<B: Backend> Auth for EtcdApi<B> {
         request: Request<pb::AuthUserListRequest>,
     ) -> Result<Response<pb::AuthUserListResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         self.backend.read_index().await?;
         let users = {
             let machine = self.backend.state().lock();
             let auth = machine.kv().auth();
-            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            let user = self
+                .caller_in(&machine, &credentials)
+                .map_err(ApiError::from)?;
             auth.check_admin(&user).map_err(ApiError::from)?;
             auth.users().keys().cloned().collect()
         };
@@ -1527,13 +1611,11 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthUserDeleteRequest>,
     ) -> Result<Response<pb::AuthUserDeleteResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let request = request.into_inner();
-        let name = request.name.clone();
         let header = self
             .propose_auth(&credentials, CommandKind::UserDelete(request))
             .await?;
-        self.tokens.forget_user(&name);
         Ok(Response::new(pb::AuthUserDeleteResponse {
             header: Some(header),
         }))
@@ -1544,7 +1626,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         request: Request<pb::AuthUserChangePasswordRequest>,
     ) -> Result<Response<pb::AuthUserChangePasswordResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let mut request = request.into_inner();
         // Root, or the user itself, before bcrypt spends any time.
         let name = request.name.clone();
@@ -1567,7 +1649,6 @@ impl<B: Backend> Auth for EtcdApi<B> {
         let header = self
             .propose_auth(&credentials, CommandKind::UserChangePassword(request))
             .await?;
-        self.tokens.forget_user(&name);
         Ok(Response::new(pb::AuthUserChangePasswordResponse {
             header: Some(header),
         }))
@@ -1577,7 +1658,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthUserGrantRoleRequest>,
     ) -> Result<Response<pb::AuthUserGrantRoleResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(
                 &credentials,
@@ -1593,7 +1674,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthUserRevokeRoleRequest>,
     ) -> Result<Response<pb::AuthUserRevokeRoleResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(
                 &credentials,
@@ -1609,7 +1690,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthRoleAddRequest>,
     ) -> Result<Response<pb::AuthRoleAddResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(&credentials, CommandKind::RoleAdd(request.into_inner()))
             .await?;
@@ -1623,13 +1704,15 @@ impl<B: Backend> Auth for EtcdApi<B> {
         request: Request<pb::AuthRoleGetRequest>,
     ) -> Result<Response<pb::AuthRoleGetResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let request = request.into_inner();
         self.backend.read_index().await?;
         let perm = {
             let machine = self.backend.state().lock();
             let auth = machine.kv().auth();
-            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            let user = self
+                .caller_in(&machine, &credentials)
+                .map_err(ApiError::from)?;
             // A user may read the roles it has; everyone else, only root.
             let has_role = auth
                 .users()
@@ -1654,12 +1737,14 @@ impl<B: Backend> Auth for EtcdApi<B> {
         request: Request<pb::AuthRoleListRequest>,
     ) -> Result<Response<pb::AuthRoleListResponse>, Status> {
         self.serving()?;
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         self.backend.read_index().await?;
         let roles = {
             let machine = self.backend.state().lock();
             let auth = machine.kv().auth();
-            let user = self.caller_in(auth, &credentials).map_err(ApiError::from)?;
+            let user = self
+                .caller_in(&machine, &credentials)
+                .map_err(ApiError::from)?;
             auth.check_admin(&user).map_err(ApiError::from)?;
             auth.roles().keys().cloned().collect()
         };
@@ -1673,7 +1758,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthRoleDeleteRequest>,
     ) -> Result<Response<pb::AuthRoleDeleteResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(&credentials, CommandKind::RoleDelete(request.into_inner()))
             .await?;
@@ -1686,7 +1771,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthRoleGrantPermissionRequest>,
     ) -> Result<Response<pb::AuthRoleGrantPermissionResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(
                 &credentials,
@@ -1702,7 +1787,7 @@ impl<B: Backend> Auth for EtcdApi<B> {
         &self,
         request: Request<pb::AuthRoleRevokePermissionRequest>,
     ) -> Result<Response<pb::AuthRoleRevokePermissionResponse>, Status> {
-        let credentials = Credentials::of(&request);
+        let credentials = self.credentials(&request).await?;
         let header = self
             .propose_auth(
                 &credentials,

@@ -3,13 +3,19 @@
 //!
 //! Two kinds, as etcd offers (`--auth-token`):
 //!
-//! - **simple** (the default): a random string, kept in this member's
-//!   memory with a TTL (`--auth-token-ttl`, 300 s) that every use renews.
-//!   Tokens are member-local: a client that reconnects to another member
-//!   gets `etcdserver: invalid auth token` there and authenticates again,
-//!   which etcd's clients do on that error. Each token remembers the
-//!   password hash it was issued under, so a password change or a deleted
-//!   user ends it on the next use, whichever member applied the change.
+//! - **simple** (the default): a random string with a TTL
+//!   (`--auth-token-ttl`, 300 s) that every use renews. The member the
+//!   client authenticated with checks the password and proposes the token
+//!   through the log ([`AuthTokenCommand`], etcd's InternalAuthenticate);
+//!   every member holds it once that applies, so the client may take it to
+//!   any member. The tokens are node-local state beside the replicated
+//!   state, not part of it: a member that installs a snapshot holds only
+//!   the tokens applied since, and one that restarts takes back from its
+//!   log those whose time has not run out; a client whose token a member
+//!   does not hold gets `etcdserver: invalid auth token` and authenticates
+//!   again, as etcd's clients do. Each token remembers the password hash it
+//!   was issued under, and a password change, a deleted user or disabling
+//!   auth ends it on every member.
 //! - **jwt**: a signed JSON Web Token (`--auth-token
 //!   jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m`), valid on
 //!   every member that has the public key. It names the user and the auth
@@ -18,12 +24,15 @@
 //!   clients authenticate again (a password change, a deleted user or a
 //!   revoked role so take effect at once).
 //!
-//! Tokens are never logged.
+//! Tokens are never printed (not in log lines, not in `Debug`). A simple
+//! token is written to the Raft log on disk, as etcd's WAL holds them: the
+//! data directory is as private as the member's keys.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -31,6 +40,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthError, AuthStore, PasswordHash};
+use crate::pb::ferrypb::AuthTokenCommand;
 
 /// Most simple tokens one member holds; past it, the one closest to expiry
 /// makes room (each costs a bcrypt check to make, so this is reached only
@@ -168,18 +178,151 @@ impl FromStr for TokenConfig {
     }
 }
 
-/// One simple token's record.
+/// One simple token's record on this member.
 struct SimpleEntry {
     user: String,
     /// The hash the token was issued under: a changed password ends it.
     hash: Option<PasswordHash>,
     deadline: Instant,
+    /// What each use renews the deadline by.
+    ttl: Duration,
 }
 
-struct SimpleTokens {
-    tokens: HashMap<String, SimpleEntry>,
-    ttl: Duration,
-    issued: u64,
+/// Longest TTL a simple token may carry (a value from the log is clamped
+/// to it, so that no deadline arithmetic can overflow).
+pub const SIMPLE_TOKEN_TTL_MAX: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A simple token handed out through the log: what every member inserts
+/// into its [`SimpleTokenTable`] when the command applies.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AssignedToken {
+    /// The user it names.
+    pub user: String,
+    /// The token itself.
+    pub token: String,
+    /// The user's password hash at the auth revision it was issued at.
+    pub hash: Option<PasswordHash>,
+    /// When it runs out unless used, by the wall clock (Unix ms).
+    pub expires_unix_ms: u64,
+    /// What each use renews it by, in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl fmt::Debug for AssignedToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a credential: it is never printed.
+        f.debug_struct("AssignedToken")
+            .field("user", &self.user)
+            .field("expires_unix_ms", &self.expires_unix_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The simple tokens this member holds. Node-local, like the watchers: it
+/// is filled by applying [`AuthTokenCommand`]s, so every member holds every
+/// token, but it is not part of the replicated state (not in snapshots,
+/// not in the hash).
+#[derive(Default)]
+pub struct SimpleTokenTable {
+    tokens: Mutex<HashMap<String, SimpleEntry>>,
+}
+
+impl fmt::Debug for SimpleTokenTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SimpleTokenTable({} tokens)", self.len())
+    }
+}
+
+impl SimpleTokenTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SimpleEntry>> {
+        // Nothing in the map is left half-changed by a panic.
+        self.tokens
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Holds `assigned` until its wall-clock expiry (nothing, if that has
+    /// passed: a token replayed from the log after a restart). Past
+    /// [`SIMPLE_TOKENS_MAX`], the token closest to expiry makes room.
+    pub fn insert(&self, assigned: &AssignedToken) {
+        let ttl = Duration::from_millis(assigned.ttl_ms).min(SIMPLE_TOKEN_TTL_MAX);
+        let remaining =
+            Duration::from_millis(assigned.expires_unix_ms.saturating_sub(unix_now_ms())).min(ttl);
+        if remaining.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let Some(deadline) = now.checked_add(remaining) else {
+            return;
+        };
+        let mut tokens = self.lock();
+        if tokens.len() >= SIMPLE_TOKENS_MAX {
+            tokens.retain(|_, entry| entry.deadline > now);
+        }
+        if tokens.len() >= SIMPLE_TOKENS_MAX {
+            let oldest = tokens
+                .iter()
+                .min_by_key(|(_, entry)| entry.deadline)
+                .map(|(token, _)| token.clone());
+            if let Some(oldest) = oldest {
+                tokens.remove(&oldest);
+            }
+        }
+        tokens.insert(
+            assigned.token.clone(),
+            SimpleEntry {
+                user: assigned.user.clone(),
+                hash: assigned.hash.clone(),
+                deadline,
+                ttl,
+            },
+        );
+    }
+
+    /// The user `token` names by the auth state `auth`, renewing its TTL;
+    /// an unknown or expired token, or one whose user's password changed or
+    /// who is gone, is `InvalidAuthToken`.
+    pub fn resolve(&self, token: &str, auth: &AuthStore) -> Result<String, AuthError> {
+        let now = Instant::now();
+        let mut tokens = self.lock();
+        let Some(entry) = tokens.get_mut(token) else {
+            return Err(AuthError::InvalidAuthToken);
+        };
+        let current = auth.users().get(&entry.user).map(|u| u.password.as_ref());
+        if entry.deadline <= now || current != Some(entry.hash.as_ref()) {
+            tokens.remove(token);
+            return Err(AuthError::InvalidAuthToken);
+        }
+        if let Some(deadline) = now.checked_add(entry.ttl) {
+            entry.deadline = deadline;
+        }
+        Ok(entry.user.clone())
+    }
+
+    /// Forgets every token of `user` (its password changed or it is gone).
+    pub fn forget_user(&self, user: &str) {
+        self.lock().retain(|_, entry| entry.user != user);
+    }
+
+    /// Forgets every token (auth was disabled, as etcd does).
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Whether `token` is held (expired or not).
+    pub fn contains(&self, token: &str) -> bool {
+        self.lock().contains_key(token)
+    }
+
+    /// How many tokens are held.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The claims of ferry's (and etcd's) JWTs.
@@ -198,11 +341,11 @@ struct JwtTokens {
 }
 
 enum Provider {
-    Simple(Mutex<SimpleTokens>),
+    Simple { ttl: Duration, issued: AtomicU64 },
     Jwt(Box<JwtTokens>),
 }
 
-/// This member's token provider.
+/// This member's token provider: makes tokens and checks them.
 pub struct Tokens {
     provider: Provider,
 }
@@ -210,10 +353,19 @@ pub struct Tokens {
 impl fmt::Debug for Tokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.provider {
-            Provider::Simple(_) => f.write_str("Tokens(simple)"),
+            Provider::Simple { .. } => f.write_str("Tokens(simple)"),
             Provider::Jwt(jwt) => write!(f, "Tokens(jwt, {:?})", jwt.algorithm),
         }
     }
+}
+
+/// What [`Tokens::issue`] made.
+pub enum Issued {
+    /// A JWT, valid at once on every member with the public key.
+    Signed(String),
+    /// A simple token, valid once this command, proposed through the log,
+    /// has applied (on every member it has applied on).
+    Replicate(AuthTokenCommand),
 }
 
 fn read_key(path: &PathBuf) -> Result<Vec<u8>, String> {
@@ -272,9 +424,13 @@ fn keys(
 }
 
 fn unix_now() -> u64 {
+    unix_now_ms() / 1000
+}
+
+fn unix_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// 16 random letters and digits from the OS generator.
@@ -294,11 +450,10 @@ impl Tokens {
     /// Simple tokens with the given TTL.
     pub fn simple(ttl: Duration) -> Tokens {
         Tokens {
-            provider: Provider::Simple(Mutex::new(SimpleTokens {
-                tokens: HashMap::new(),
-                ttl,
-                issued: 0,
-            })),
+            provider: Provider::Simple {
+                ttl: ttl.min(SIMPLE_TOKEN_TTL_MAX),
+                issued: AtomicU64::new(0),
+            },
         }
     }
 
@@ -327,51 +482,29 @@ impl Tokens {
         }
     }
 
-    fn simple_tokens(tokens: &Mutex<SimpleTokens>) -> std::sync::MutexGuard<'_, SimpleTokens> {
-        // Nothing in the map is left half-changed by a panic.
-        tokens
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Whether this provider hands out simple tokens.
+    pub fn is_simple(&self) -> bool {
+        match self.provider {
+            Provider::Simple { .. } => true,
+            Provider::Jwt(_) => false,
+        }
     }
 
-    /// A new token for `user`, authenticated at `auth_revision` with the
-    /// password whose hash is `hash`.
-    pub fn assign(
-        &self,
-        user: &str,
-        hash: Option<&PasswordHash>,
-        auth_revision: u64,
-    ) -> Result<String, AuthError> {
+    /// A new token for `user`, whose password was checked against the auth
+    /// state at `auth_revision`.
+    pub fn issue(&self, user: &str, auth_revision: u64) -> Result<Issued, AuthError> {
         match &self.provider {
-            Provider::Simple(tokens) => {
-                let now = Instant::now();
+            Provider::Simple { ttl, issued } => {
                 let random = random_text()?;
-                let mut tokens = Self::simple_tokens(tokens);
-                if tokens.tokens.len() >= SIMPLE_TOKENS_MAX {
-                    tokens.tokens.retain(|_, entry| entry.deadline > now);
-                }
-                if tokens.tokens.len() >= SIMPLE_TOKENS_MAX {
-                    let oldest = tokens
-                        .tokens
-                        .iter()
-                        .min_by_key(|(_, entry)| entry.deadline)
-                        .map(|(token, _)| token.clone());
-                    if let Some(oldest) = oldest {
-                        tokens.tokens.remove(&oldest);
-                    }
-                }
-                tokens.issued = tokens.issued.wrapping_add(1);
-                let token = format!("{random}.{}", tokens.issued);
-                let deadline = now + tokens.ttl;
-                tokens.tokens.insert(
-                    token.clone(),
-                    SimpleEntry {
-                        user: user.to_string(),
-                        hash: hash.cloned(),
-                        deadline,
-                    },
-                );
-                Ok(token)
+                let serial = issued.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+                let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+                Ok(Issued::Replicate(AuthTokenCommand {
+                    user: user.to_string(),
+                    token: format!("{random}.{serial}"),
+                    auth_revision,
+                    expires_unix_ms: unix_now_ms().saturating_add(ttl_ms),
+                    ttl_ms,
+                }))
             }
             Provider::Jwt(jwt) => {
                 let Some(encoding) = &jwt.encoding else {
@@ -383,40 +516,30 @@ impl Tokens {
                     revision: auth_revision,
                     exp: unix_now().saturating_add(jwt.ttl.as_secs().max(1)),
                 };
-                jsonwebtoken::encode(&Header::new(jwt.algorithm), &claims, encoding).map_err(
-                    |error| {
+                jsonwebtoken::encode(&Header::new(jwt.algorithm), &claims, encoding)
+                    .map(Issued::Signed)
+                    .map_err(|error| {
                         tracing::warn!(%error, "cannot sign a JWT");
                         AuthError::AuthFailed
-                    },
-                )
+                    })
             }
         }
     }
 
-    /// The user a token names, by the auth state `auth`: an unknown or
-    /// expired token, or one whose user's password changed or who is gone,
-    /// is `InvalidAuthToken`; a JWT older than the auth state is
-    /// `AuthOldRevision`. A simple token's TTL starts over.
-    pub fn resolve(&self, token: &str, auth: &AuthStore) -> Result<String, AuthError> {
+    /// The user a token names, by the auth state `auth` and the simple
+    /// tokens this member holds: see [`SimpleTokenTable::resolve`]; a JWT
+    /// older than the auth state is `AuthOldRevision`.
+    pub fn resolve(
+        &self,
+        token: &str,
+        auth: &AuthStore,
+        simple: &SimpleTokenTable,
+    ) -> Result<String, AuthError> {
         if token.len() > TOKEN_BYTES_MAX {
             return Err(AuthError::InvalidAuthToken);
         }
         match &self.provider {
-            Provider::Simple(tokens) => {
-                let now = Instant::now();
-                let mut tokens = Self::simple_tokens(tokens);
-                let ttl = tokens.ttl;
-                let Some(entry) = tokens.tokens.get_mut(token) else {
-                    return Err(AuthError::InvalidAuthToken);
-                };
-                let current = auth.users().get(&entry.user).map(|u| u.password.as_ref());
-                if entry.deadline <= now || current != Some(entry.hash.as_ref()) {
-                    tokens.tokens.remove(token);
-                    return Err(AuthError::InvalidAuthToken);
-                }
-                entry.deadline = now + ttl;
-                Ok(entry.user.clone())
-            }
+            Provider::Simple { .. } => simple.resolve(token, auth),
             Provider::Jwt(jwt) => {
                 let mut validation = Validation::new(jwt.algorithm);
                 validation.leeway = 0;
@@ -432,25 +555,6 @@ impl Tokens {
                 }
                 Ok(claims.username)
             }
-        }
-    }
-
-    /// Forgets every simple token of `user` (this member's own changes;
-    /// changes applied from elsewhere end them on use, see
-    /// [`Tokens::resolve`]).
-    pub fn forget_user(&self, user: &str) {
-        if let Provider::Simple(tokens) = &self.provider {
-            Self::simple_tokens(tokens)
-                .tokens
-                .retain(|_, entry| entry.user != user);
-        }
-    }
-
-    /// How many simple tokens are held (for tests and status).
-    pub fn simple_count(&self) -> usize {
-        match &self.provider {
-            Provider::Simple(tokens) => Self::simple_tokens(tokens).tokens.len(),
-            Provider::Jwt(_) => 0,
         }
     }
 }

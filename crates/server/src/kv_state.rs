@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use crate::auth::{Access, AuthStore};
+use crate::auth::{Access, AuthError, AuthStore};
 use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
 use crate::mvcc::{kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, Version};
@@ -191,6 +191,9 @@ pub enum CommandResponse {
         /// The auth revision afterwards.
         auth_revision: u64,
     },
+    /// A simple token was handed out: every member holds it from now on
+    /// (the caller puts it into the node's token table).
+    TokenAssigned(crate::auth_token::AssignedToken),
     /// The leases an expiry command actually removed.
     LeaseExpire {
         /// Ids of removed leases.
@@ -353,6 +356,9 @@ impl KvState {
             }
             // Proposed by the nodes themselves, never for a client.
             Some(CommandKind::LeaseExpire(_)) | Some(CommandKind::MemberRecord(_)) => Ok(()),
+            // Anyone may authenticate: the proposing member checked the
+            // password, and the apply checks it was against this state.
+            Some(CommandKind::AuthToken(_)) => Ok(()),
             Some(CommandKind::UserChangePassword(change)) if change.name == user => {
                 // A user may change its own password.
                 auth.check_user(user).map_err(KvError::from)
@@ -645,7 +651,7 @@ impl KvState {
 
     fn auth_change(
         &mut self,
-        change: impl FnOnce(&mut AuthStore) -> Result<(), crate::auth::AuthError>,
+        change: impl FnOnce(&mut AuthStore) -> Result<(), AuthError>,
     ) -> Result<CommandResponse, KvError> {
         change(&mut self.auth)?;
         Ok(CommandResponse::AuthChanged {
@@ -740,6 +746,7 @@ impl KvState {
             Some(CommandKind::RoleRevokePermission(r)) => {
                 self.auth_change(|auth| auth.role_revoke_permission(r))
             }
+            Some(CommandKind::AuthToken(assign)) => self.assign_token(assign),
             Some(CommandKind::LeaseExpire(LeaseExpireCommand { ids })) => {
                 let mut expired_ids = Vec::new();
                 for id in ids {
@@ -755,6 +762,30 @@ impl KvState {
                 })
             }
         }
+    }
+
+    /// A simple token, if the password it was issued on is still the
+    /// user's: the auth state must not have moved since the proposing
+    /// member checked it (etcd's rule; that member checks again).
+    fn assign_token(&self, assign: &ferrypb::AuthTokenCommand) -> Result<CommandResponse, KvError> {
+        if !self.auth.enabled() {
+            return Err(AuthError::AuthNotEnabled.into());
+        }
+        if self.auth.revision() != assign.auth_revision {
+            return Err(AuthError::AuthOldRevision.into());
+        }
+        let Some(user) = self.auth.users().get(&assign.user) else {
+            return Err(AuthError::AuthFailed.into());
+        };
+        Ok(CommandResponse::TokenAssigned(
+            crate::auth_token::AssignedToken {
+                user: assign.user.clone(),
+                token: assign.token.clone(),
+                hash: user.password.clone(),
+                expires_unix_ms: assign.expires_unix_ms,
+                ttl_ms: assign.ttl_ms,
+            },
+        ))
     }
 
     fn grant(&mut self, grant: &LeaseGrantCommand) -> Result<CommandResponse, KvError> {
@@ -1417,6 +1448,15 @@ fn validate_under(command: &ferrypb::Command, limits: &KvLimits) -> Result<(), K
         | Some(CommandKind::RoleDelete(_))
         | Some(CommandKind::RoleGrantPermission(_))
         | Some(CommandKind::RoleRevokePermission(_)) => Ok(()),
+        Some(CommandKind::AuthToken(assign)) => {
+            if assign.user.is_empty()
+                || assign.token.is_empty()
+                || assign.token.len() > crate::auth_token::TOKEN_BYTES_MAX
+            {
+                return Err(AuthError::AuthFailed.into());
+            }
+            Ok(())
+        }
     }
 }
 
@@ -1560,6 +1600,7 @@ fn with_revision(response: CommandResponse, revision: i64) -> CommandResponse {
             revision,
         },
         CommandResponse::MemberRecorded => CommandResponse::MemberRecorded,
+        CommandResponse::TokenAssigned(token) => CommandResponse::TokenAssigned(token),
         CommandResponse::AuthChanged { auth_revision } => {
             CommandResponse::AuthChanged { auth_revision }
         }

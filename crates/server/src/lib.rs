@@ -4,13 +4,15 @@
 //! - [`kv_state`]: the replicated state machine (MVCC + leases), its
 //!   deterministic `apply` and its checksummed snapshots.
 //! - [`auth`]: users, roles and key permissions (replicated) and the
-//!   permission checks; [`auth_token`]: the member-local simple tokens and
-//!   JWTs that name an authenticated user.
+//!   permission checks; [`auth_token`]: the simple tokens (handed out
+//!   through the log, held by every member) and JWTs that name an
+//!   authenticated user.
 //! - [`command`]: the commands that go through the Raft log, and their codec.
 //! - [`watch`]: the watch hub.
 //! - [`lease`]: lease deadlines on the leader's clock.
 //! - [`member_id`]: member ids in hexadecimal (from the runtime).
-//! - [`state`]: the state machine, watch hub and lease clock behind one lock.
+//! - [`state`]: the state machine, watch hub, lease clock and simple tokens
+//!   behind one lock.
 //! - [`backend`]: the trait the API is written against, and the in-process
 //!   single-node backend.
 //! - [`api`]: the etcd gRPC services.

@@ -1,13 +1,15 @@
 //! One node's key-value state: the replicated state machine, the watch hub
-//! fed by it, and the leader-clock lease deadlines, behind one lock so that
+//! fed by it, the leader-clock lease deadlines and the simple auth tokens
+//! the log handed out, behind one lock so that
 //! an apply and the watcher notification it causes are one atomic step (a
 //! watcher created between them could otherwise miss or repeat a revision).
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::command::decode_command;
+use crate::auth_token::SimpleTokenTable;
+use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
-use crate::kv_state::{Applied, KvLimits, KvState, Reads, SnapshotSource};
+use crate::kv_state::{Applied, CommandResponse, KvLimits, KvState, Reads, SnapshotSource};
 use crate::lease::LeaseClock;
 use crate::mvcc::{RangeScan, ReadAt};
 use crate::pb::etcdserverpb::{
@@ -24,6 +26,8 @@ pub struct StateMachine {
     pub watches: WatchHub,
     /// Lease deadlines; authoritative only on the leader.
     pub lease_clock: LeaseClock,
+    /// The simple auth tokens this member holds (see [`SimpleTokenTable`]).
+    pub tokens: SimpleTokenTable,
 }
 
 impl StateMachine {
@@ -33,6 +37,7 @@ impl StateMachine {
             kv: KvState::new(kv_limits),
             watches: WatchHub::new(watch_limits),
             lease_clock: LeaseClock::new(),
+            tokens: SimpleTokenTable::default(),
         }
     }
 
@@ -53,7 +58,24 @@ impl StateMachine {
         if !applied.events.is_empty() {
             self.watches.notify(applied.revision, &applied.events);
         }
+        if applied.response.is_ok() {
+            self.follow_tokens(command, &applied.response);
+        }
         applied
+    }
+
+    /// Keeps the token table in step with an applied command: a token
+    /// handed out is held; a deleted user's or a changed password's tokens
+    /// end, and disabling auth ends them all (as etcd does), on every
+    /// member alike.
+    fn follow_tokens(&mut self, command: &Command, response: &Result<CommandResponse, KvError>) {
+        match (&command.kind, response) {
+            (_, Ok(CommandResponse::TokenAssigned(token))) => self.tokens.insert(token),
+            (Some(CommandKind::UserDelete(user)), _) => self.tokens.forget_user(&user.name),
+            (Some(CommandKind::UserChangePassword(user)), _) => self.tokens.forget_user(&user.name),
+            (Some(CommandKind::AuthDisable(_)), _) => self.tokens.clear(),
+            _ => {}
+        }
     }
 
     /// Decodes and applies a log entry (see [`KvState::apply_bytes`]).

@@ -1,6 +1,7 @@
 //! Unit tests of the state machine, the MVCC store and the watch hub.
 
 mod auth_apply;
+mod auth_tokens;
 mod helpers;
 mod kv_semantics;
 mod member_records;
