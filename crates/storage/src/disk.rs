@@ -22,10 +22,26 @@ pub trait DiskFile: Send + Sync + std::fmt::Debug + 'static {
     fn sync_data(&self) -> io::Result<()>;
 }
 
+/// A file opened for reading at any offset. It keeps reading the file it
+/// opened even after that file is renamed over or removed (as an open
+/// descriptor does), so that readers of an immutable file never race with
+/// the code that retires it.
+pub trait DiskReader: Send + Sync + std::fmt::Debug + 'static {
+    /// Fills `buf` from `offset`; fails with `UnexpectedEof` if the file is
+    /// shorter.
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// The length of the file in bytes.
+    fn file_len(&self) -> io::Result<u64>;
+}
+
 /// A filesystem.
 pub trait Disk: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// The handle type of files opened for appending.
     type File: DiskFile;
+    /// The handle type of files opened for reading.
+    type Reader: DiskReader;
+    /// Opens an existing file for reading.
+    fn open_read(&self, path: &Path) -> io::Result<Self::Reader>;
     /// Creates a directory and its parents.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// The names of the files directly in `dir`, sorted.
@@ -68,8 +84,31 @@ impl DiskFile for FsFile {
     }
 }
 
+/// A real file opened for reading.
+#[derive(Debug)]
+pub struct FsReader {
+    file: File,
+}
+
+impl DiskReader for FsReader {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.read_exact_at(buf, offset)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+}
+
 impl Disk for FsDisk {
     type File = FsFile;
+    type Reader = FsReader;
+
+    fn open_read(&self, path: &Path) -> io::Result<FsReader> {
+        Ok(FsReader {
+            file: File::open(path)?,
+        })
+    }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)

@@ -163,6 +163,15 @@ pub enum StorageError {
         /// The offset expected next.
         expected: u64,
     },
+    /// A version written to the version store is not above the versions
+    /// its key already has there (a bug in the caller: versions only grow).
+    #[error("version {version} written after version {last} of the same key")]
+    VersionOutOfOrder {
+        /// The version written.
+        version: u64,
+        /// The key's newest version already held.
+        last: u64,
+    },
     /// A chunk was written to a snapshot already sealed (complete).
     #[error("snapshot {index} of group {group} is sealed: no more chunks can be written to it")]
     SnapshotSealed {

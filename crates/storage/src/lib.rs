@@ -182,12 +182,13 @@ pub mod log_state;
 pub mod sim_disk;
 pub mod snapshot;
 pub mod storage;
+pub mod versions;
 pub mod wal;
 
 pub use cache::EntryCache;
-pub use disk::{unique_temp_dir, Disk, DiskFile, FsDisk, FsFile};
+pub use disk::{unique_temp_dir, Disk, DiskFile, DiskReader, FsDisk, FsFile, FsReader};
 pub use error::{DecodeError, Result, StorageError};
-pub use sim_disk::{CrashMode, SimDisk, SimDiskOptions, SimFile};
+pub use sim_disk::{CrashMode, SimDisk, SimDiskOptions, SimFile, SimReader};
 pub use snapshot::{SnapshotStore, SnapshotWriter};
 pub use storage::{GroupRecovery, RecoveryReport, Storage};
 pub use wal::{PendingSync, RecoveredLog, Wal, WalOptions, WalRecovery};

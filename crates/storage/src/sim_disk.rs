@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::disk::{Disk, DiskFile};
+use crate::disk::{Disk, DiskFile, DiskReader};
 
 /// The size of a sector, the unit of simulated corruption.
 pub const SECTOR_BYTES: u64 = 512;
@@ -401,8 +401,57 @@ impl DiskFile for SimFile {
     }
 }
 
+/// A simulated file opened for reading: it reads its inode, whatever names
+/// it has since (until a crash drops an inode no name keeps).
+#[derive(Debug)]
+pub struct SimReader {
+    disk: SimDisk,
+    inode: u64,
+}
+
+impl DiskReader for SimReader {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let s = self.disk.lock();
+        s.check_on()?;
+        let Some(inode) = s.inodes.get(&self.inode) else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the file is gone (dropped by a crash)",
+            ));
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        match inode.data.get(start..).and_then(|d| d.get(..buf.len())) {
+            Some(src) => {
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+            None => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end of the file",
+            )),
+        }
+    }
+
+    fn file_len(&self) -> io::Result<u64> {
+        let s = self.disk.lock();
+        s.check_on()?;
+        Ok(s.inodes.get(&self.inode).map_or(0, |i| i.data.len() as u64))
+    }
+}
+
 impl Disk for SimDisk {
     type File = SimFile;
+    type Reader = SimReader;
+
+    fn open_read(&self, path: &Path) -> io::Result<SimReader> {
+        let s = self.lock();
+        s.check_on()?;
+        let inode = s.inode_of(path)?;
+        Ok(SimReader {
+            disk: self.clone(),
+            inode,
+        })
+    }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.lock();

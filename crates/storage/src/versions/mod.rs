@@ -1,0 +1,973 @@
+//! The version store: a durable map of (key, version) to value whose cost
+//! does not grow with its size. It holds a state machine's data on disk
+//! (the KV store's MVCC history) so that the state never has to be written
+//! out whole.
+//!
+//! # Shape
+//!
+//! A log-structured merge store, kept small because the Raft log already
+//! makes every write durable:
+//!
+//! - Writes go into the **memtable**, in memory. There is no journal of
+//!   its own: what the memtable holds is re-created after a crash by
+//!   applying the Raft log again from the store's durable point.
+//! - [`VersionStore::freeze`] turns the memtable into an immutable layer
+//!   and records the caller's **marker** (the log index the layer is
+//!   complete up to) and its small state (`meta`) at that point.
+//! - A **flush** job writes the frozen layers into one sorted **run** file,
+//!   syncs it, and writes a new **manifest** naming it, with the marker:
+//!   one file sync and one manifest replace per flush, off the hot path and
+//!   never per batch. Once the manifest is durable the caller may compact
+//!   its log up to the marker.
+//! - A **merge** job combines adjacent runs when an older run is no larger
+//!   than the newer ones together (so there are O(log size) runs and each
+//!   byte is rewritten O(log size) times), dropping versions shadowed at or
+//!   below the **floor** (the caller's compaction point) and, in a merge
+//!   that reaches the oldest run, tombstones that hide nothing.
+//!
+//! Layers partition the version space: every version in a newer layer is
+//! above every version in an older one (versions only grow, and merges
+//! join neighbours), so the newest layer holding any version of a key at
+//! or below a bound holds the answer.
+//!
+//! # Memory
+//!
+//! The memtable is bounded by the caller's freeze policy
+//! ([`VersionStore::memtable_bytes`]); of each run only the index (one
+//! entry per block of about [`run::BLOCK_BYTES_TARGET`] bytes) is kept in
+//! memory; blocks are read on demand, through the OS page cache. The data
+//! set may be far larger than memory.
+//!
+//! # Crash safety
+//!
+//! Run files are written under a temporary name, synced, renamed, and only
+//! then named in a manifest that is itself replaced atomically (see
+//! [`manifest`]). On open, the manifest decides: files it does not name
+//! are leftovers of a job that did not finish and are removed. So a crash
+//! at any point leaves the store at the marker of the last manifest
+//! written, whole.
+//!
+//! # Jobs
+//!
+//! At most one job (flush or merge) runs at a time. [`VersionStore::next_job`]
+//! hands one out; [`Job::run`] does the file work (call it on a blocking
+//! thread; it reads only immutable layers); [`VersionStore::finish_job`]
+//! installs its result. Reads and writes go on meanwhile.
+
+pub mod manifest;
+pub mod run;
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::disk::Disk;
+use crate::error::{Result, StorageError};
+use manifest::{run_file_name, Manifest, RunEntry, MANIFEST_FILE};
+use run::{Run, RunSummary, RunWriter};
+
+/// One version of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The key.
+    pub key: Bytes,
+    /// Its version (for the KV store: main revision and sub revision).
+    pub version: u64,
+    /// Whether this version records a delete.
+    pub tombstone: bool,
+    /// The value (opaque to the store).
+    pub value: Bytes,
+}
+
+/// Memory charged per record beyond its key and value bytes.
+const RECORD_OVERHEAD_BYTES: usize = 48;
+
+/// One version as the memtable holds it.
+#[derive(Debug, Clone)]
+struct MemVersion {
+    version: u64,
+    tombstone: bool,
+    value: Bytes,
+}
+
+/// Versions written since the last freeze, by key.
+#[derive(Debug, Default)]
+pub struct Memtable {
+    keys: BTreeMap<Bytes, Vec<MemVersion>>,
+    bytes: usize,
+    records: usize,
+}
+
+impl Memtable {
+    fn insert(&mut self, record: Record) -> Result<()> {
+        let size = record.key.len() + record.value.len() + RECORD_OVERHEAD_BYTES;
+        let versions = self.keys.entry(record.key).or_default();
+        if let Some(last) = versions.last() {
+            if last.version >= record.version {
+                return Err(StorageError::VersionOutOfOrder {
+                    version: record.version,
+                    last: last.version,
+                });
+            }
+        }
+        versions.push(MemVersion {
+            version: record.version,
+            tombstone: record.tombstone,
+            value: record.value,
+        });
+        self.bytes += size;
+        self.records += 1;
+        Ok(())
+    }
+
+    fn remove(&mut self, key: &[u8], version: u64) -> bool {
+        let Some(versions) = self.keys.get_mut(key) else {
+            return false;
+        };
+        let Some(at) = versions.iter().position(|v| v.version == version) else {
+            return false;
+        };
+        let removed = versions.remove(at);
+        self.bytes -= key.len() + removed.value.len() + RECORD_OVERHEAD_BYTES;
+        self.records -= 1;
+        if versions.is_empty() {
+            self.keys.remove(key);
+        }
+        true
+    }
+
+    fn latest(&self, key: &[u8], version_max: u64) -> Option<Record> {
+        let versions = self.keys.get(key)?;
+        let (stored_key, _) = self.keys.get_key_value(key)?;
+        versions
+            .iter()
+            .rev()
+            .find(|v| v.version <= version_max)
+            .map(|v| Record {
+                key: stored_key.clone(),
+                version: v.version,
+                tombstone: v.tombstone,
+                value: v.value.clone(),
+            })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+}
+
+/// A frozen memtable with the durable point it completes.
+#[derive(Debug)]
+struct Frozen {
+    table: Arc<Memtable>,
+    marker: u64,
+    meta: Bytes,
+}
+
+/// Settings of a version store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionStoreOptions {
+    /// A merge joins an older run with the newer ones when it is no larger
+    /// than this many times their total size.
+    pub merge_ratio: u64,
+}
+
+impl Default for VersionStoreOptions {
+    fn default() -> Self {
+        VersionStoreOptions { merge_ratio: 1 }
+    }
+}
+
+/// What [`VersionStore::open`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// The marker of the last manifest: the caller replays its log after it.
+    pub marker: u64,
+    /// The caller's state at the marker.
+    pub meta: Bytes,
+    /// The compaction floor.
+    pub floor: u64,
+}
+
+/// Figures for status and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Bytes of the memtable.
+    pub memtable_bytes: usize,
+    /// Frozen layers not yet in a run.
+    pub frozen_layers: usize,
+    /// Runs on disk.
+    pub runs: usize,
+    /// Bytes of run files.
+    pub run_file_bytes: u64,
+    /// Records in runs (shadowed ones not yet merged away included).
+    pub run_records: u64,
+    /// Bytes of run indexes in memory.
+    pub run_index_bytes: usize,
+    /// Bytes written to run files and manifests since open.
+    pub written_bytes: u64,
+}
+
+/// The version store of one state machine, in one directory.
+#[derive(Debug)]
+pub struct VersionStore<D: Disk> {
+    disk: D,
+    dir: PathBuf,
+    options: VersionStoreOptions,
+    memtable: Memtable,
+    /// Newest first.
+    frozen: Vec<Frozen>,
+    /// Newest first.
+    runs: Vec<Arc<Run<D>>>,
+    /// The manifest on disk.
+    manifest: Manifest,
+    floor: u64,
+    job_running: bool,
+    written_bytes: u64,
+}
+
+/// A layer for reads.
+enum Layer<'a, D: Disk> {
+    Mem(&'a Memtable),
+    Run(&'a Arc<Run<D>>),
+}
+
+impl<D: Disk> VersionStore<D> {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(
+        disk: D,
+        dir: &Path,
+        options: VersionStoreOptions,
+    ) -> Result<(VersionStore<D>, Recovered)> {
+        crate::disk::create_dir_durably(&disk, dir)?;
+        let manifest = Manifest::read(&disk, dir)?.unwrap_or_default();
+        let mut runs = Vec::with_capacity(manifest.runs.len());
+        for entry in &manifest.runs {
+            let path = dir.join(run_file_name(entry.id));
+            let run = Run::open(&disk, &path)?;
+            if run.summary() != entry.summary {
+                return Err(StorageError::Corrupt {
+                    path,
+                    offset: 0,
+                    reason: format!(
+                        "the run holds {:?}; the manifest says {:?}",
+                        run.summary(),
+                        entry.summary
+                    ),
+                });
+            }
+            runs.push(run);
+        }
+        // Leftovers of a job that did not finish.
+        let named: Vec<String> = manifest
+            .runs
+            .iter()
+            .map(|r| run_file_name(r.id))
+            .chain([MANIFEST_FILE.to_string()])
+            .collect();
+        let files = disk
+            .list_files(dir)
+            .map_err(|e| StorageError::io("list directory", dir, e))?;
+        for name in files {
+            if !named.contains(&name) {
+                let path = dir.join(&name);
+                disk.remove_file(&path)
+                    .map_err(|e| StorageError::io("remove leftover", &path, e))?;
+            }
+        }
+        let recovered = Recovered {
+            marker: manifest.marker,
+            meta: manifest.meta.clone(),
+            floor: manifest.floor,
+        };
+        Ok((
+            VersionStore {
+                disk,
+                dir: dir.to_path_buf(),
+                options,
+                memtable: Memtable::default(),
+                frozen: Vec::new(),
+                runs,
+                floor: manifest.floor,
+                manifest,
+                job_running: false,
+                written_bytes: 0,
+            },
+            recovered,
+        ))
+    }
+
+    /// Writes one version; versions of a key must grow.
+    pub fn put(&mut self, record: Record) -> Result<()> {
+        self.memtable.insert(record)
+    }
+
+    /// Takes back a version written since the last freeze (a txn undone);
+    /// false if there is no such version there.
+    pub fn undo(&mut self, key: &[u8], version: u64) -> bool {
+        self.memtable.remove(key, version)
+    }
+
+    /// Bytes the memtable holds (the caller freezes past its limit).
+    pub fn memtable_bytes(&self) -> usize {
+        self.memtable.bytes
+    }
+
+    /// Sets the compaction floor: versions at or below it that a newer
+    /// version at or below it shadows may be dropped by later merges.
+    pub fn set_floor(&mut self, floor: u64) {
+        self.floor = self.floor.max(floor);
+    }
+
+    /// Freezes the memtable as the state at `marker`, with the caller's
+    /// small state `meta`. The next flush makes it durable.
+    pub fn freeze(&mut self, marker: u64, meta: Bytes) {
+        let table = std::mem::take(&mut self.memtable);
+        if let Some(newest) = self.frozen.first_mut() {
+            if table.is_empty() {
+                // Nothing new but the marker (and meta) moved.
+                newest.marker = newest.marker.max(marker);
+                newest.meta = meta;
+                return;
+            }
+        }
+        self.frozen.insert(
+            0,
+            Frozen {
+                table: Arc::new(table),
+                marker,
+                meta,
+            },
+        );
+    }
+
+    /// The durable point: the marker of the manifest on disk.
+    pub fn durable_marker(&self) -> u64 {
+        self.manifest.marker
+    }
+
+    fn layers(&self) -> Vec<Layer<'_, D>> {
+        let mut layers = Vec::with_capacity(1 + self.frozen.len() + self.runs.len());
+        layers.push(Layer::Mem(&self.memtable));
+        layers.extend(self.frozen.iter().map(|f| Layer::Mem(f.table.as_ref())));
+        layers.extend(self.runs.iter().map(Layer::Run));
+        layers
+    }
+
+    /// The newest version of `key` at or below `version_max`.
+    pub fn latest(&self, key: &[u8], version_max: u64) -> Result<Option<Record>> {
+        for layer in self.layers() {
+            let found = match layer {
+                Layer::Mem(table) => table.latest(key, version_max),
+                Layer::Run(run) => {
+                    if run.summary().min_version > version_max {
+                        continue;
+                    }
+                    run.latest(key, version_max)?
+                }
+            };
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every version in `[start, end)` in (key, version) order.
+    pub fn iter<'a>(&'a self, start: &[u8], end: Bound<&[u8]>) -> VersionIter<'a, D> {
+        VersionIter::new(self.layers(), start, end)
+    }
+
+    /// Every version in `[version_min, version_max]`, in version order
+    /// (for watchers catching up).
+    pub fn history(&self, version_min: u64, version_max: u64) -> Result<Vec<Record>> {
+        let mut out = Vec::new();
+        // Oldest layer first: layers partition the versions.
+        for layer in self.layers().into_iter().rev() {
+            let start = out.len();
+            match layer {
+                Layer::Mem(table) => {
+                    for (key, versions) in &table.keys {
+                        for v in versions {
+                            if (version_min..=version_max).contains(&v.version) {
+                                out.push(Record {
+                                    key: key.clone(),
+                                    version: v.version,
+                                    tombstone: v.tombstone,
+                                    value: v.value.clone(),
+                                });
+                            }
+                        }
+                    }
+                }
+                Layer::Run(run) => {
+                    let s = run.summary();
+                    if s.max_version < version_min || s.min_version > version_max {
+                        continue;
+                    }
+                    for (i, block) in run.blocks().iter().enumerate() {
+                        if block.max_version < version_min || block.min_version > version_max {
+                            continue;
+                        }
+                        out.extend(
+                            run.read_block(i)?
+                                .into_iter()
+                                .filter(|r| (version_min..=version_max).contains(&r.version)),
+                        );
+                    }
+                }
+            }
+            out[start..].sort_by_key(|r| r.version);
+        }
+        Ok(out)
+    }
+
+    /// Figures for status and tests.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            memtable_bytes: self.memtable.bytes,
+            frozen_layers: self.frozen.len(),
+            runs: self.runs.len(),
+            run_file_bytes: self.runs.iter().map(|r| r.summary().file_bytes).sum(),
+            run_records: self.runs.iter().map(|r| r.summary().records).sum(),
+            run_index_bytes: self.runs.iter().map(|r| r.index_bytes()).sum(),
+            written_bytes: self.written_bytes,
+        }
+    }
+
+    /// A consistent view of everything written so far, that later writes
+    /// do not change (for a snapshot sent to a follower, a backup, a
+    /// hash). Freezes the memtable at `marker`/`meta` (see
+    /// [`VersionStore::freeze`]).
+    pub fn view(&mut self, marker: u64, meta: Bytes) -> StoreView<D> {
+        self.freeze(marker, meta.clone());
+        StoreView {
+            frozen: self.frozen.iter().map(|f| f.table.clone()).collect(),
+            runs: self.runs.clone(),
+            marker,
+            meta,
+        }
+    }
+
+    /// The next job to run, if any and none is running: a flush when
+    /// something is frozen, else a merge when the runs call for one.
+    pub fn next_job(&mut self) -> Option<Job<D>> {
+        if self.job_running {
+            return None;
+        }
+        let job = if !self.frozen.is_empty() {
+            Some(self.flush_job())
+        } else {
+            self.merge_job()
+        }?;
+        self.job_running = true;
+        Some(job)
+    }
+
+    fn flush_job(&mut self) -> Job<D> {
+        let newest = &self.frozen[0];
+        let id = self.manifest.next_run_id;
+        let sources = self.frozen.iter().map(|f| f.table.clone()).collect();
+        let mut manifest = Manifest {
+            marker: newest.marker,
+            floor: self.floor,
+            next_run_id: id + 1,
+            meta: newest.meta.clone(),
+            runs: self.manifest.runs.clone(),
+        };
+        manifest.runs.insert(
+            0,
+            RunEntry {
+                id,
+                summary: RunSummary {
+                    records: 0,
+                    min_version: 0,
+                    max_version: 0,
+                    file_bytes: 0,
+                },
+            },
+        );
+        Job {
+            disk: self.disk.clone(),
+            dir: self.dir.clone(),
+            kind: JobKind::Flush {
+                sources,
+                frozen_layers: self.frozen.len(),
+            },
+            output_id: id,
+            merged: 0,
+            bottom: self.runs.is_empty(),
+            floor: self.floor,
+            manifest,
+        }
+    }
+
+    fn merge_job(&mut self) -> Option<Job<D>> {
+        // The longest run of newest runs in which each older run is no
+        // larger than `merge_ratio` times the newer ones together.
+        let sizes: Vec<u64> = self.runs.iter().map(|r| r.summary().file_bytes).collect();
+        let mut newer = *sizes.first()?;
+        let mut count = 1;
+        for size in sizes.iter().skip(1) {
+            if *size > newer.saturating_mul(self.options.merge_ratio) {
+                break;
+            }
+            newer = newer.saturating_add(*size);
+            count += 1;
+        }
+        if count < 2 {
+            return None;
+        }
+        let id = self.manifest.next_run_id;
+        let mut manifest = self.manifest.clone();
+        manifest.next_run_id = id + 1;
+        manifest.floor = self.floor;
+        manifest.runs.splice(
+            0..count,
+            [RunEntry {
+                id,
+                summary: RunSummary {
+                    records: 0,
+                    min_version: 0,
+                    max_version: 0,
+                    file_bytes: 0,
+                },
+            }],
+        );
+        Some(Job {
+            disk: self.disk.clone(),
+            dir: self.dir.clone(),
+            kind: JobKind::Merge {
+                sources: self.runs[..count].to_vec(),
+            },
+            output_id: id,
+            merged: count,
+            bottom: count == self.runs.len(),
+            floor: self.floor,
+            manifest,
+        })
+    }
+
+    /// Installs what a job did. On an error the store is as before the job
+    /// (the job's files are removed at the next open) and the job may be
+    /// handed out again.
+    pub fn finish_job(&mut self, done: Result<JobDone<D>>) -> Result<()> {
+        self.job_running = false;
+        let done = done?;
+        self.written_bytes = self.written_bytes.saturating_add(done.written_bytes);
+        match done.kind {
+            JobDoneKind::Flushed { frozen_layers } => {
+                let keep = self.frozen.len().saturating_sub(frozen_layers);
+                self.frozen.truncate(keep);
+                if let Some(run) = done.run {
+                    self.runs.insert(0, run);
+                }
+            }
+            JobDoneKind::Merged { merged } => {
+                let merged = merged.min(self.runs.len());
+                self.runs.drain(..merged);
+                if let Some(run) = done.run {
+                    self.runs.insert(0, run);
+                }
+                for path in done.retired {
+                    // Readers that hold the old runs keep their handles.
+                    let _ = self.disk.remove_file(&path);
+                }
+            }
+        }
+        self.manifest = done.manifest;
+        Ok(())
+    }
+}
+
+/// A consistent, immutable view of a store (see [`VersionStore::view`]).
+#[derive(Debug, Clone)]
+pub struct StoreView<D: Disk> {
+    frozen: Vec<Arc<Memtable>>,
+    runs: Vec<Arc<Run<D>>>,
+    marker: u64,
+    meta: Bytes,
+}
+
+impl<D: Disk> StoreView<D> {
+    /// Every version in `[start, end)` in (key, version) order.
+    pub fn iter<'a>(&'a self, start: &[u8], end: Bound<&[u8]>) -> VersionIter<'a, D> {
+        let layers = self
+            .frozen
+            .iter()
+            .map(|t| Layer::Mem(t.as_ref()))
+            .chain(self.runs.iter().map(Layer::Run))
+            .collect();
+        VersionIter::new(layers, start, end)
+    }
+
+    /// The marker the view was taken at.
+    pub fn marker(&self) -> u64 {
+        self.marker
+    }
+
+    /// The caller's state at the marker.
+    pub fn meta(&self) -> &Bytes {
+        &self.meta
+    }
+}
+
+enum JobKind<D: Disk> {
+    Flush {
+        sources: Vec<Arc<Memtable>>,
+        frozen_layers: usize,
+    },
+    Merge {
+        sources: Vec<Arc<Run<D>>>,
+    },
+}
+
+/// A flush or a merge, to run on a blocking thread (see the module docs).
+pub struct Job<D: Disk> {
+    disk: D,
+    dir: PathBuf,
+    kind: JobKind<D>,
+    output_id: u64,
+    merged: usize,
+    /// Whether the output is the oldest run (tombstones may go).
+    bottom: bool,
+    floor: u64,
+    manifest: Manifest,
+}
+
+impl<D: Disk> std::fmt::Debug for Job<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            JobKind::Flush { .. } => "flush",
+            JobKind::Merge { .. } => "merge",
+        };
+        f.debug_struct("Job")
+            .field("kind", &kind)
+            .field("output_id", &self.output_id)
+            .finish_non_exhaustive()
+    }
+}
+
+enum JobDoneKind {
+    Flushed { frozen_layers: usize },
+    Merged { merged: usize },
+}
+
+/// What a finished job hands back to [`VersionStore::finish_job`].
+pub struct JobDone<D: Disk> {
+    kind: JobDoneKind,
+    run: Option<Arc<Run<D>>>,
+    retired: Vec<PathBuf>,
+    manifest: Manifest,
+    written_bytes: u64,
+}
+
+impl<D: Disk> std::fmt::Debug for JobDone<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobDone")
+            .field("marker", &self.manifest.marker)
+            .field("written_bytes", &self.written_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Disk> Job<D> {
+    /// Whether this is a flush (which moves the durable marker).
+    pub fn is_flush(&self) -> bool {
+        matches!(self.kind, JobKind::Flush { .. })
+    }
+
+    /// The marker the store is durable at once this job is installed.
+    pub fn marker(&self) -> u64 {
+        self.manifest.marker
+    }
+
+    /// Writes the output run and the new manifest, durably.
+    pub fn run(mut self) -> Result<JobDone<D>> {
+        let name = run_file_name(self.output_id);
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let path = self.dir.join(&name);
+        let mut writer = RunWriter::<D>::create(&self.disk, &tmp)?;
+        let layers: Vec<Layer<'_, D>> = match &self.kind {
+            JobKind::Flush { sources, .. } => {
+                sources.iter().map(|t| Layer::Mem(t.as_ref())).collect()
+            }
+            JobKind::Merge { sources } => sources.iter().map(Layer::Run).collect(),
+        };
+        let mut pending: Vec<Record> = Vec::new();
+        for record in VersionIter::new(layers, &[], Bound::Unbounded) {
+            let record = record?;
+            if pending.first().is_some_and(|first| first.key != record.key) {
+                write_key(&mut writer, &mut pending, self.floor, self.bottom)?;
+            }
+            pending.push(record);
+        }
+        write_key(&mut writer, &mut pending, self.floor, self.bottom)?;
+        let summary = writer.finish()?;
+        let mut written_bytes = summary.file_bytes;
+        let run = if summary.records == 0 {
+            // Nothing left (everything was shadowed): no run at all.
+            let _ = self.disk.remove_file(&tmp);
+            self.manifest.runs.retain(|r| r.id != self.output_id);
+            None
+        } else {
+            self.disk
+                .rename(&tmp, &path)
+                .map_err(|e| StorageError::io("rename run", &path, e))?;
+            if let Some(entry) = self
+                .manifest
+                .runs
+                .iter_mut()
+                .find(|r| r.id == self.output_id)
+            {
+                entry.summary = summary;
+            }
+            Some(Run::open(&self.disk, &path)?)
+        };
+        // The rename is made durable by the manifest's directory sync.
+        self.manifest.write(&self.disk, &self.dir)?;
+        written_bytes = written_bytes.saturating_add(64);
+        let (kind, retired) = match self.kind {
+            JobKind::Flush { frozen_layers, .. } => {
+                (JobDoneKind::Flushed { frozen_layers }, Vec::new())
+            }
+            JobKind::Merge { sources } => (
+                JobDoneKind::Merged {
+                    merged: self.merged,
+                },
+                sources.iter().map(|r| r.path().to_path_buf()).collect(),
+            ),
+        };
+        Ok(JobDone {
+            kind,
+            run,
+            retired,
+            manifest: self.manifest,
+            written_bytes,
+        })
+    }
+}
+
+/// Writes one key's versions, dropping those shadowed at or below `floor`
+/// and, in the oldest run, a tombstone that is the newest of them.
+fn write_key<D: Disk>(
+    writer: &mut RunWriter<D>,
+    versions: &mut Vec<Record>,
+    floor: u64,
+    bottom: bool,
+) -> Result<()> {
+    // The newest version at or below the floor is still read by reads at
+    // the floor; the ones below it by nobody.
+    let keep_from = versions
+        .iter()
+        .rposition(|r| r.version <= floor)
+        .unwrap_or(0);
+    for (i, record) in versions.iter().enumerate().skip(keep_from) {
+        let shadowed_tombstone = i == keep_from && record.version <= floor && record.tombstone;
+        if shadowed_tombstone && bottom {
+            continue;
+        }
+        writer.push(record)?;
+    }
+    versions.clear();
+    Ok(())
+}
+
+/// A cursor over one layer.
+enum Cursor<'a, D: Disk> {
+    Mem {
+        keys: std::collections::btree_map::Range<'a, Bytes, Vec<MemVersion>>,
+        current: Option<(&'a Bytes, &'a [MemVersion])>,
+        at: usize,
+    },
+    Run {
+        run: &'a Arc<Run<D>>,
+        block: usize,
+        records: std::vec::IntoIter<Record>,
+        done: bool,
+    },
+}
+
+impl<'a, D: Disk> Cursor<'a, D> {
+    fn next(&mut self, start: &[u8]) -> Option<Result<Record>> {
+        match self {
+            Cursor::Mem { keys, current, at } => loop {
+                if let Some((key, versions)) = current {
+                    if let Some(v) = versions.get(*at) {
+                        *at += 1;
+                        return Some(Ok(Record {
+                            key: (*key).clone(),
+                            version: v.version,
+                            tombstone: v.tombstone,
+                            value: v.value.clone(),
+                        }));
+                    }
+                }
+                let (key, versions) = keys.next()?;
+                *current = Some((key, versions.as_slice()));
+                *at = 0;
+            },
+            Cursor::Run {
+                run,
+                block,
+                records,
+                done,
+            } => loop {
+                if let Some(record) = records.next() {
+                    if record.key.as_ref() < start {
+                        continue;
+                    }
+                    return Some(Ok(record));
+                }
+                if *done || *block >= run.blocks().len() {
+                    *done = true;
+                    return None;
+                }
+                match run.read_block(*block) {
+                    Ok(loaded) => {
+                        *records = loaded.into_iter();
+                        *block += 1;
+                    }
+                    Err(e) => {
+                        *done = true;
+                        return Some(Err(e));
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Every version of a key range across layers, in (key, version) order.
+pub struct VersionIter<'a, D: Disk> {
+    cursors: Vec<Cursor<'a, D>>,
+    heads: Vec<Option<Record>>,
+    primed: bool,
+    start: Vec<u8>,
+    end: Bound<Vec<u8>>,
+    /// An error met while refilling, given out by the next call.
+    error: Option<StorageError>,
+    failed: bool,
+}
+
+impl<'a, D: Disk> VersionIter<'a, D> {
+    fn new(layers: Vec<Layer<'a, D>>, start: &[u8], end: Bound<&[u8]>) -> VersionIter<'a, D> {
+        let end_owned = match end {
+            Bound::Included(k) => Bound::Included(k.to_vec()),
+            Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        // `BTreeMap::range` panics on an empty interval: such a range
+        // simply has no cursors.
+        let empty = match end {
+            Bound::Included(k) => k < start,
+            Bound::Excluded(k) => k <= start,
+            Bound::Unbounded => false,
+        };
+        let cursors: Vec<Cursor<'a, D>> = if empty {
+            Vec::new()
+        } else {
+            layers
+                .into_iter()
+                .map(|layer| match layer {
+                    Layer::Mem(table) => Cursor::Mem {
+                        keys: table.keys.range::<[u8], _>((Bound::Included(start), end)),
+                        current: None,
+                        at: 0,
+                    },
+                    Layer::Run(run) => Cursor::Run {
+                        block: run.seek_block(start),
+                        run,
+                        records: Vec::new().into_iter(),
+                        done: false,
+                    },
+                })
+                .collect()
+        };
+        VersionIter {
+            heads: cursors.iter().map(|_| None).collect(),
+            cursors,
+            primed: false,
+            start: start.to_vec(),
+            end: end_owned,
+            error: None,
+            failed: false,
+        }
+    }
+
+    fn before_end(&self, key: &[u8]) -> bool {
+        match &self.end {
+            Bound::Included(end) => key <= end.as_slice(),
+            Bound::Excluded(end) => key < end.as_slice(),
+            Bound::Unbounded => true,
+        }
+    }
+
+    /// The next record of cursor `i` inside the range.
+    fn advance(&mut self, i: usize) -> Result<Option<Record>> {
+        match self.cursors[i].next(&self.start) {
+            None => Ok(None),
+            Some(Err(e)) => Err(e),
+            Some(Ok(record)) if self.before_end(&record.key) => Ok(Some(record)),
+            Some(Ok(_)) => {
+                // Past the end: this cursor is done.
+                if let Cursor::Run { done, .. } = &mut self.cursors[i] {
+                    *done = true;
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl<D: Disk> Iterator for VersionIter<'_, D> {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Result<Record>> {
+        if let Some(error) = self.error.take() {
+            self.failed = true;
+            return Some(Err(error));
+        }
+        if self.failed {
+            return None;
+        }
+        if !self.primed {
+            self.primed = true;
+            for i in 0..self.cursors.len() {
+                match self.advance(i) {
+                    Ok(head) => self.heads[i] = head,
+                    Err(e) => {
+                        self.failed = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+        }
+        let mut best: Option<usize> = None;
+        for (i, head) in self.heads.iter().enumerate() {
+            let Some(record) = head else { continue };
+            let better = match best.and_then(|b| self.heads[b].as_ref()) {
+                None => true,
+                Some(current) => {
+                    (record.key.as_ref(), record.version) < (current.key.as_ref(), current.version)
+                }
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        let i = best?;
+        let record = self.heads[i].take()?;
+        match self.advance(i) {
+            Ok(head) => self.heads[i] = head,
+            Err(e) => self.error = Some(e),
+        }
+        Some(Ok(record))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,418 @@
+//! The version store against a model (every version ever written, in a
+//! `BTreeMap`), through random writes, freezes, flushes, merges, reopens,
+//! crashes at every point of a job, and damaged files.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::sim_disk::{CrashMode, SimDisk};
+
+/// Every version written: (key, version) -> (tombstone, value).
+type Model = BTreeMap<(Vec<u8>, u64), (bool, Vec<u8>)>;
+
+fn dir() -> PathBuf {
+    PathBuf::from("/data/kv")
+}
+
+fn open(disk: &SimDisk) -> (VersionStore<SimDisk>, Recovered) {
+    VersionStore::open(disk.clone(), &dir(), VersionStoreOptions::default()).unwrap()
+}
+
+fn record(key: &[u8], version: u64, tombstone: bool, value: &[u8]) -> Record {
+    Record {
+        key: Bytes::copy_from_slice(key),
+        version,
+        tombstone,
+        value: Bytes::copy_from_slice(value),
+    }
+}
+
+/// Runs every job the store hands out until none is left.
+fn run_jobs(store: &mut VersionStore<SimDisk>) {
+    while let Some(job) = store.next_job() {
+        let done = job.run();
+        store.finish_job(done).unwrap();
+    }
+}
+
+fn all(store: &VersionStore<SimDisk>) -> Vec<Record> {
+    store
+        .iter(&[], Bound::Unbounded)
+        .collect::<Result<Vec<_>>>()
+        .unwrap()
+}
+
+fn model_records(model: &Model) -> Vec<Record> {
+    model
+        .iter()
+        .map(|((k, v), (t, value))| record(k, *v, *t, value))
+        .collect()
+}
+
+fn model_latest(model: &Model, key: &[u8], version_max: u64) -> Option<Record> {
+    model
+        .range((key.to_vec(), 0)..=(key.to_vec(), version_max))
+        .next_back()
+        .map(|((k, v), (t, value))| record(k, *v, *t, value))
+}
+
+/// A random write against the model: keys from a small set (so keys get
+/// many versions), values up to 3 KiB (so records span blocks).
+fn random_put(rng: &mut ChaCha8Rng, version: u64) -> Record {
+    let key = format!("key-{:02}", rng.next_u64() % 40);
+    let tombstone = rng.next_u64() % 10 == 0;
+    let len = if tombstone {
+        0
+    } else {
+        (rng.next_u64() % 3000) as usize
+    };
+    let value = vec![(version % 251) as u8; len];
+    record(key.as_bytes(), version, tombstone, &value)
+}
+
+fn put(store: &mut VersionStore<SimDisk>, model: &mut Model, r: Record) {
+    model.insert((r.key.to_vec(), r.version), (r.tombstone, r.value.to_vec()));
+    store.put(r).unwrap();
+}
+
+#[test]
+fn reads_see_every_layer_and_a_reopen_keeps_what_was_flushed() {
+    let disk = SimDisk::with_seed(1);
+    let (mut store, recovered) = open(&disk);
+    assert_eq!(recovered.marker, 0);
+    store.put(record(b"a", 2, false, b"a2")).unwrap();
+    store.put(record(b"b", 3, false, b"b3")).unwrap();
+    store.freeze(10, Bytes::from_static(b"meta@10"));
+    store.put(record(b"a", 4, false, b"a4")).unwrap();
+    // The frozen layer and the memtable both answer.
+    assert_eq!(store.latest(b"a", 3).unwrap().unwrap().value, &b"a2"[..]);
+    assert_eq!(store.latest(b"a", 9).unwrap().unwrap().value, &b"a4"[..]);
+    assert_eq!(store.latest(b"a", 1).unwrap(), None);
+    run_jobs(&mut store);
+    assert_eq!(store.durable_marker(), 10);
+    assert_eq!(store.stats().runs, 1);
+    // From the run now.
+    assert_eq!(store.latest(b"b", 9).unwrap().unwrap().value, &b"b3"[..]);
+    // A crash loses the memtable; the log replays it from marker 10.
+    disk.crash(CrashMode::LoseUnsynced);
+    let (store, recovered) = open(&disk);
+    assert_eq!(recovered.marker, 10);
+    assert_eq!(recovered.meta, &b"meta@10"[..]);
+    assert_eq!(store.latest(b"a", 9).unwrap().unwrap().value, &b"a2"[..]);
+    assert_eq!(
+        all(&store),
+        vec![record(b"a", 2, false, b"a2"), record(b"b", 3, false, b"b3")]
+    );
+}
+
+#[test]
+fn versions_of_a_key_must_grow() {
+    let disk = SimDisk::with_seed(2);
+    let (mut store, _) = open(&disk);
+    store.put(record(b"a", 5, false, b"")).unwrap();
+    assert!(matches!(
+        store.put(record(b"a", 5, false, b"")),
+        Err(StorageError::VersionOutOfOrder {
+            version: 5,
+            last: 5
+        })
+    ));
+    // Undo takes back a write since the freeze.
+    assert!(store.undo(b"a", 5));
+    assert!(!store.undo(b"a", 5));
+    assert_eq!(store.latest(b"a", 9).unwrap(), None);
+}
+
+#[test]
+fn random_writes_flushes_and_merges_match_the_model() {
+    for seed in 0..20 {
+        let disk = SimDisk::with_seed(seed);
+        let (mut store, _) = open(&disk);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut version = 1;
+        for step in 0..1500u64 {
+            version += 1 + rng.next_u64() % 3;
+            put(&mut store, &mut model, random_put(&mut rng, version));
+            if rng.next_u64() % 60 == 0 {
+                store.freeze(step, Bytes::new());
+            }
+            if rng.next_u64() % 90 == 0 {
+                run_jobs(&mut store);
+            }
+        }
+        store.freeze(1500, Bytes::new());
+        run_jobs(&mut store);
+        assert_eq!(all(&store), model_records(&model), "seed {seed}");
+        for key in 0..40 {
+            let key = format!("key-{key:02}");
+            for version_max in [0, version / 3, version / 2, version] {
+                assert_eq!(
+                    store.latest(key.as_bytes(), version_max).unwrap(),
+                    model_latest(&model, key.as_bytes(), version_max),
+                    "seed {seed} key {key} at {version_max}"
+                );
+            }
+        }
+        // A sub-range, and the history in version order.
+        let sub: Vec<Record> = store
+            .iter(b"key-10", Bound::Excluded(b"key-20"))
+            .collect::<Result<_>>()
+            .unwrap();
+        let expected: Vec<Record> = model_records(&model)
+            .into_iter()
+            .filter(|r| r.key.as_ref() >= &b"key-10"[..] && r.key.as_ref() < &b"key-20"[..])
+            .collect();
+        assert_eq!(sub, expected, "seed {seed}");
+        let history = store.history(version / 2, version).unwrap();
+        let mut expected: Vec<Record> = model_records(&model)
+            .into_iter()
+            .filter(|r| r.version >= version / 2)
+            .collect();
+        expected.sort_by_key(|r| r.version);
+        assert_eq!(history, expected, "seed {seed}");
+        // Merging keeps the number of runs logarithmic.
+        let stats = store.stats();
+        assert!(stats.runs <= 12, "seed {seed}: {stats:?}");
+        // And a reopen reads the same.
+        drop(store);
+        let (store, _) = open(&disk);
+        assert_eq!(all(&store), model_records(&model), "seed {seed} reopened");
+    }
+}
+
+#[test]
+fn merges_drop_what_the_floor_shadows_and_keep_what_reads_see() {
+    let disk = SimDisk::with_seed(3);
+    let (mut store, _) = open(&disk);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut model = Model::new();
+    let mut version = 1;
+    for step in 0..3000 {
+        version += 1;
+        put(&mut store, &mut model, random_put(&mut rng, version));
+        if step % 100 == 99 {
+            store.freeze(step, Bytes::new());
+            run_jobs(&mut store);
+        }
+    }
+    let floor = version - 200;
+    store.set_floor(floor);
+    // Enough new runs for a merge that reaches the oldest run.
+    for step in 0..3000 {
+        version += 1;
+        put(&mut store, &mut model, random_put(&mut rng, version));
+        if step % 100 == 99 {
+            store.freeze(step, Bytes::new());
+            run_jobs(&mut store);
+        }
+    }
+    let stats = store.stats();
+    assert!(
+        stats.run_records < model.len() as u64,
+        "shadowed versions were dropped: {stats:?}, {} written",
+        model.len()
+    );
+    for key in 0..40 {
+        let key = format!("key-{key:02}");
+        for version_max in [floor, floor + 100, version] {
+            let expected = model_latest(&model, key.as_bytes(), version_max);
+            let found = store.latest(key.as_bytes(), version_max).unwrap();
+            // A tombstone at or below the floor may be gone: both mean
+            // "no key".
+            let visible = |r: Option<Record>| r.filter(|r| !r.tombstone);
+            assert_eq!(visible(found), visible(expected), "{key} at {version_max}");
+        }
+    }
+}
+
+/// The model as it stood when the store was frozen at each marker.
+struct Frozen {
+    by_marker: BTreeMap<u64, Model>,
+}
+
+#[test]
+fn a_crash_at_any_point_of_a_job_recovers_a_manifest_whole() {
+    let mut outcomes = (0, 0);
+    for seed in 0..40u64 {
+        let disk = SimDisk::with_seed(seed);
+        let (mut store, _) = open(&disk);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut frozen = Frozen {
+            by_marker: BTreeMap::from([(0, Model::new())]),
+        };
+        let mut log: Vec<Record> = Vec::new();
+        let mut version = 1;
+        let mut marker = 0;
+        // Some history first, flushed and merged without faults.
+        for _ in 0..400 {
+            version += 1;
+            let r = random_put(&mut rng, version);
+            log.push(r.clone());
+            put(&mut store, &mut model, r);
+            if rng.next_u64() % 50 == 0 {
+                marker = log.len() as u64;
+                store.freeze(marker, Bytes::from(marker.to_le_bytes().to_vec()));
+                frozen.by_marker.insert(marker, model.clone());
+                run_jobs(&mut store);
+            }
+        }
+        for _ in 0..200 {
+            version += 1;
+            let r = random_put(&mut rng, version);
+            log.push(r.clone());
+            put(&mut store, &mut model, r);
+        }
+        marker = marker.max(log.len() as u64);
+        store.freeze(marker, Bytes::from(marker.to_le_bytes().to_vec()));
+        frozen.by_marker.insert(marker, model.clone());
+        // The power goes at a random point of the next job.
+        let before = store.durable_marker();
+        // A flush here writes about a megabyte: some crashes hit the run,
+        // some the manifest, some come after the job.
+        disk.set_fault_budget(Some(rng.next_u64() % 1_500_000));
+        if let Some(job) = store.next_job() {
+            let done = job.run();
+            let _ = store.finish_job(done);
+        }
+        let mode = match seed % 3 {
+            0 => CrashMode::LoseUnsynced,
+            1 => CrashMode::TornUnsynced,
+            _ => CrashMode::KeepWritten,
+        };
+        disk.crash(mode);
+        drop(store);
+        let (mut store, recovered) = open(&disk);
+        assert!(
+            recovered.marker == before || recovered.marker == marker,
+            "seed {seed}: recovered at {}, expected {before} or {marker}",
+            recovered.marker
+        );
+        if recovered.marker > 0 {
+            assert_eq!(recovered.meta.as_ref(), &recovered.marker.to_le_bytes()[..]);
+        } else {
+            assert!(recovered.meta.is_empty(), "seed {seed}: a new store");
+        }
+        if recovered.marker == marker && marker != before {
+            outcomes.1 += 1;
+        } else {
+            outcomes.0 += 1;
+        }
+        let expected = &frozen.by_marker[&recovered.marker];
+        assert_eq!(all(&store), model_records(expected), "seed {seed}");
+        // The log after the marker is applied again, and all is there.
+        for r in &log[recovered.marker as usize..] {
+            store.put(r.clone()).unwrap();
+        }
+        assert_eq!(all(&store), model_records(&model), "seed {seed} replayed");
+        // No leftover of the broken job is left on disk.
+        let files = disk.list_files(&dir()).unwrap();
+        assert!(
+            files.iter().all(|f| !f.ends_with(".tmp")),
+            "seed {seed}: {files:?}"
+        );
+    }
+    assert!(
+        outcomes.0 > 5 && outcomes.1 > 5,
+        "crashes before and after the manifest: {outcomes:?}"
+    );
+}
+
+fn run_files(disk: &SimDisk, dir: &Path) -> Vec<PathBuf> {
+    disk.list_files(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.starts_with("run-"))
+        .map(|f| dir.join(f))
+        .collect()
+}
+
+#[test]
+fn a_damaged_run_or_manifest_is_refused_naming_the_file() {
+    let disk = SimDisk::with_seed(4);
+    let (mut store, _) = open(&disk);
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut version = 1;
+    for _ in 0..300 {
+        version += 1;
+        store.put(random_put(&mut rng, version)).unwrap();
+    }
+    store.freeze(300, Bytes::new());
+    run_jobs(&mut store);
+    drop(store);
+    let run = run_files(&disk, &dir()).remove(0);
+    // A byte in the middle of the blocks: open succeeds (the index is
+    // whole), the read of that block fails with the file named.
+    assert!(disk.corrupt_byte(&run, 100));
+    let (store, _) = open(&disk);
+    let error = store
+        .iter(&[], Bound::Unbounded)
+        .find_map(|r| r.err())
+        .expect("the damaged block is refused");
+    match error {
+        StorageError::Corrupt { path, .. } => assert_eq!(path, run),
+        other => panic!("expected Corrupt, got {other}"),
+    }
+    drop(store);
+    // A damaged footer: the open itself refuses.
+    let len = disk.file_len(&run).unwrap();
+    assert!(disk.corrupt_byte(&run, len - 10));
+    assert!(matches!(
+        VersionStore::open(disk.clone(), &dir(), VersionStoreOptions::default()),
+        Err(StorageError::Corrupt { .. })
+    ));
+    // A damaged manifest, likewise.
+    let disk = SimDisk::with_seed(5);
+    let (mut store, _) = open(&disk);
+    store.put(record(b"a", 2, false, b"x")).unwrap();
+    store.freeze(1, Bytes::new());
+    run_jobs(&mut store);
+    drop(store);
+    assert!(disk.corrupt_byte(&dir().join(manifest::MANIFEST_FILE), 20));
+    match VersionStore::open(disk.clone(), &dir(), VersionStoreOptions::default()) {
+        Err(StorageError::Corrupt { path, .. }) => {
+            assert_eq!(path, dir().join(manifest::MANIFEST_FILE))
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_view_does_not_change_with_later_writes_and_merges() {
+    let disk = SimDisk::with_seed(6);
+    let (mut store, _) = open(&disk);
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let mut model = Model::new();
+    let mut version = 1;
+    for step in 0..1000 {
+        version += 1;
+        put(&mut store, &mut model, random_put(&mut rng, version));
+        if step % 100 == 99 {
+            store.freeze(step, Bytes::new());
+            run_jobs(&mut store);
+        }
+    }
+    let view = store.view(1000, Bytes::from_static(b"at 1000"));
+    let seen = model.clone();
+    for step in 0..2000 {
+        version += 1;
+        put(&mut store, &mut model, random_put(&mut rng, version));
+        if step % 100 == 99 {
+            store.freeze(step, Bytes::new());
+            run_jobs(&mut store);
+        }
+    }
+    let from_view: Vec<Record> = view
+        .iter(&[], Bound::Unbounded)
+        .collect::<Result<_>>()
+        .unwrap();
+    assert_eq!(from_view, model_records(&seen));
+    assert_eq!(view.marker(), 1000);
+}
