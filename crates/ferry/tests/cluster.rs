@@ -2261,7 +2261,20 @@ async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
         .await
         .unwrap();
     for id in [1, 2, 3] {
-        let ended = KvClient::new(connect(&cluster, id).await)
+        // Once the member has caught up with the change (a linearizable
+        // read waits for that), the old token is refused there.
+        let mut member = KvClient::new(connect(&cluster, id).await);
+        member
+            .range(with_token(
+                RangeRequest {
+                    key: b"app/".to_vec(),
+                    ..Default::default()
+                },
+                &root,
+            ))
+            .await
+            .unwrap();
+        let ended = member
             .put(with_token(put("app/2"), &old_alice))
             .await
             .unwrap_err();

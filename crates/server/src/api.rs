@@ -1356,7 +1356,8 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         let revision = source.revision();
         let hash = tokio::task::spawn_blocking(move || source.content_hash())
             .await
-            .map_err(|error| ApiError::Internal(format!("hashing the state: {error}")))?;
+            .map_err(|error| ApiError::Internal(format!("hashing the state: {error}")))?
+            .map_err(ApiError::from)?;
         Ok(Response::new(pb::HashResponse {
             header: Some(self.header(revision)),
             hash,

@@ -5,9 +5,15 @@
 use thiserror::Error;
 
 /// A request the key-value state machine refuses. Deterministic: every
-/// replica refuses the same command with the same error.
+/// replica refuses the same command with the same error, except
+/// [`KvError::Storage`], which is this member's own failure.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum KvError {
+    /// This member's store could not be read (an I/O error, or data that
+    /// failed its checksum). Not a refusal of the request: the member
+    /// cannot go on applying the log and stops serving.
+    #[error("ferry: this member's store failed: {0}")]
+    Storage(String),
     /// A member add picked an id another add took first; retry the add.
     #[error("etcdserver: member ID already exists")]
     MemberIdTaken,
@@ -233,6 +239,8 @@ impl From<ApiError> for tonic::Status {
                 KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
                 KvError::Auth(auth) => auth.code(),
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
+                // Clients move to another member on Unavailable.
+                KvError::Storage(_) => Code::Unavailable,
             },
             // Unavailable: etcd clients move to another endpoint on it.
             ApiError::NoLeader
@@ -253,5 +261,13 @@ impl From<ApiError> for tonic::Status {
             ApiError::Internal(_) => Code::Internal,
         };
         tonic::Status::new(code, error.to_string())
+    }
+}
+
+impl From<KvError> for std::io::Error {
+    /// A snapshot written to a file or a peer stops on a failed read of
+    /// the store.
+    fn from(error: KvError) -> Self {
+        std::io::Error::other(error.to_string())
     }
 }

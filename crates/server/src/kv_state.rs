@@ -26,6 +26,8 @@ use crate::pb::ferrypb::{
     self, CommandBounds, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand,
 };
 use crate::pb::mvccpb::{Event, KeyValue};
+use ferry_storage::versions::StoreView;
+use ferry_storage::AnyDisk;
 
 /// Largest TTL a lease may have, in seconds (etcd's MaxLeaseTTL).
 pub const LEASE_TTL_SECONDS_MAX: i64 = 9_000_000_000;
@@ -445,7 +447,7 @@ impl KvState {
         } else {
             ReadAt::Latest
         };
-        let mut response = self.store.range(request, at);
+        let mut response = self.store.range(request, at)?;
         response.header = Some(header(self.store.revision()));
         Ok(response)
     }
@@ -466,7 +468,7 @@ impl KvState {
     /// `apply` checks the exact amount, on every replica alike.
     pub fn admit_txn_response(&self, txn: &TxnRequest) -> Result<(), KvError> {
         let mut path = Vec::new();
-        self.choose_path(txn, &mut path);
+        self.choose_path(txn, &mut path)?;
         let mut budget = WriteTxn {
             revision: self.store.revision() + 1,
             sub_revision: 0,
@@ -510,8 +512,8 @@ impl KvState {
                     self.scan_within(range, at, budget)?;
                 }
                 Some(Request::RequestPut(put)) if put.prev_kv => {
-                    if let Some(kv) = self.store.get(&put.key, ReadAt::Latest) {
-                        budget.charge(kv_response_bytes(kv, false))?;
+                    if let Some(kv) = self.store.get(&put.key, ReadAt::Latest)? {
+                        budget.charge(kv_response_bytes(&kv, false))?;
                     }
                 }
                 Some(Request::RequestDeleteRange(delete)) if delete.prev_kv => {
@@ -546,7 +548,7 @@ impl KvState {
         let mut scan = RangeScan::new(request, at);
         // Without a limit, nothing collected is cut later: stop early.
         let cut_later = request.limit > 0;
-        while !scan.step(&self.store, TXN_SCAN_STEP_KEYS) {
+        while !scan.step(&self.store, TXN_SCAN_STEP_KEYS)? {
             if !cut_later && !txn.fits(scan.collected_bytes()) {
                 return Err(KvError::TxnResponseTooLarge {
                     bytes_max: txn.response_bytes_max,
@@ -668,14 +670,14 @@ impl KvState {
             None => Err(KvError::Decode(CodecError::MissingKind)),
             Some(CommandKind::Put(put)) => {
                 self.check_put(put)?;
-                Ok(CommandResponse::Put(self.do_put(put, txn)))
+                Ok(CommandResponse::Put(self.do_put(put, txn)?))
             }
             Some(CommandKind::DeleteRange(delete)) => {
-                Ok(CommandResponse::DeleteRange(self.do_delete(delete, txn)))
+                Ok(CommandResponse::DeleteRange(self.do_delete(delete, txn)?))
             }
             Some(CommandKind::Txn(request)) => {
                 let mut path = Vec::new();
-                self.choose_path(request, &mut path);
+                self.choose_path(request, &mut path)?;
                 let mut cursor = 0;
                 self.check_txn(request, &path, &mut cursor)?;
                 let mut cursor = 0;
@@ -697,7 +699,7 @@ impl KvState {
                 if !self.leases.contains_key(id) {
                     return Err(KvError::LeaseNotFound);
                 }
-                self.remove_lease(*id, txn);
+                self.remove_lease(*id, txn)?;
                 Ok(CommandResponse::LeaseRevoke(LeaseRevokeResponse {
                     header: None,
                 }))
@@ -752,7 +754,7 @@ impl KvState {
                 for id in ids {
                     // A client revoke may have won the race; skip it then.
                     if self.leases.contains_key(id) {
-                        self.remove_lease(*id, txn);
+                        self.remove_lease(*id, txn)?;
                         expired_ids.push(*id);
                     }
                 }
@@ -823,13 +825,14 @@ impl KvState {
 
     /// Deletes a lease's keys (in key order, in the current revision) and
     /// forgets the lease.
-    fn remove_lease(&mut self, id: i64, txn: &mut WriteTxn) {
+    fn remove_lease(&mut self, id: i64, txn: &mut WriteTxn) -> Result<(), KvError> {
         let Some(record) = self.leases.remove(&id) else {
-            return;
+            return Ok(());
         };
         for key in record.keys {
-            self.delete_key(&key, txn);
+            self.delete_key(&key, txn)?;
         }
+        Ok(())
     }
 
     fn check_put(&self, put: &PutRequest) -> Result<(), KvError> {
@@ -837,15 +840,15 @@ impl KvState {
             return Err(KvError::LeaseNotFound);
         }
         if (put.ignore_value || put.ignore_lease)
-            && self.store.get(&put.key, ReadAt::Latest).is_none()
+            && self.store.get(&put.key, ReadAt::Latest)?.is_none()
         {
             return Err(KvError::KeyNotFound);
         }
         Ok(())
     }
 
-    fn do_put(&mut self, put: &PutRequest, txn: &mut WriteTxn) -> PutResponse {
-        let existing = self.store.get(&put.key, ReadAt::Latest).cloned();
+    fn do_put(&mut self, put: &PutRequest, txn: &mut WriteTxn) -> Result<PutResponse, KvError> {
+        let existing = self.store.get(&put.key, ReadAt::Latest)?;
         let value = match (&existing, put.ignore_value) {
             (Some(kv), true) => kv.value.clone(),
             _ => put.value.clone(),
@@ -856,7 +859,7 @@ impl KvState {
         };
         let (previous, new) =
             self.store
-                .put(txn.revision, txn.sub_revision, &put.key, value, lease);
+                .put(txn.revision, txn.sub_revision, &put.key, value, lease)?;
         txn.sub_revision += 1;
         txn.touched.push(Touched {
             key: put.key.clone(),
@@ -883,18 +886,20 @@ impl KvState {
             },
             previous.clone(),
         ));
-        PutResponse {
+        Ok(PutResponse {
             header: None,
             prev_kv: if put.prev_kv && txn.reads == Reads::Build {
                 previous
             } else {
                 None
             },
-        }
+        })
     }
 
-    fn delete_key(&mut self, key: &[u8], txn: &mut WriteTxn) -> Option<KeyValue> {
-        let previous = self.store.delete(txn.revision, txn.sub_revision, key)?;
+    fn delete_key(&mut self, key: &[u8], txn: &mut WriteTxn) -> Result<Option<KeyValue>, KvError> {
+        let Some(previous) = self.store.delete(txn.revision, txn.sub_revision, key)? else {
+            return Ok(None);
+        };
         txn.sub_revision += 1;
         txn.touched.push(Touched {
             key: key.to_vec(),
@@ -918,41 +923,47 @@ impl KvState {
             },
             Some(previous.clone()),
         ));
-        Some(previous)
+        Ok(Some(previous))
     }
 
     fn do_delete(
         &mut self,
         delete: &DeleteRangeRequest,
         txn: &mut WriteTxn,
-    ) -> DeleteRangeResponse {
+    ) -> Result<DeleteRangeResponse, KvError> {
         let range = KeyRange::new(&delete.key, &delete.range_end);
         let keys: Vec<Vec<u8>> = self
             .store
             .scan(&range, ReadAt::Latest)
-            .map(|kv| kv.key.clone())
-            .collect();
+            .map(|kv| kv.map(|kv| kv.key.clone()))
+            .collect::<Result<_, _>>()?;
         let mut prev_kvs = Vec::new();
         let mut deleted = 0;
         for key in keys {
-            if let Some(previous) = self.delete_key(&key, txn) {
+            if let Some(previous) = self.delete_key(&key, txn)? {
                 deleted += 1;
                 if delete.prev_kv && txn.reads == Reads::Build {
                     prev_kvs.push(previous);
                 }
             }
         }
-        DeleteRangeResponse {
+        Ok(DeleteRangeResponse {
             header: None,
             deleted,
             prev_kvs,
-        }
+        })
     }
 
     /// Evaluates every txn's compares, nested ones included, against the
     /// state before the txn runs (as etcd does), in depth-first order.
-    fn choose_path(&self, request: &TxnRequest, path: &mut Vec<bool>) {
-        let succeeded = request.compare.iter().all(|c| self.compare(c));
+    fn choose_path(&self, request: &TxnRequest, path: &mut Vec<bool>) -> Result<(), KvError> {
+        let mut succeeded = true;
+        for compare in &request.compare {
+            if !self.compare(compare)? {
+                succeeded = false;
+                break;
+            }
+        }
         path.push(succeeded);
         let branch = if succeeded {
             &request.success
@@ -961,9 +972,10 @@ impl KvState {
         };
         for op in branch {
             if let Some(Request::RequestTxn(nested)) = &op.request {
-                self.choose_path(nested, path);
+                self.choose_path(nested, path)?;
             }
         }
+        Ok(())
     }
 
     fn check_txn(
@@ -1015,7 +1027,7 @@ impl KvState {
                     Some(Response::ResponseRange(self.txn_range(range, txn)?))
                 }
                 Some(Request::RequestPut(put)) => {
-                    let response = self.do_put(put, txn);
+                    let response = self.do_put(put, txn)?;
                     if put.prev_kv {
                         // What the put returns, whether built or not.
                         let previous = txn.events.last().and_then(|e| e.prev_kv.as_ref());
@@ -1025,7 +1037,7 @@ impl KvState {
                 }
                 Some(Request::RequestDeleteRange(delete)) => {
                     let events_before = txn.events.len();
-                    let response = self.do_delete(delete, txn);
+                    let response = self.do_delete(delete, txn)?;
                     if delete.prev_kv {
                         let bytes = txn.events[events_before..]
                             .iter()
@@ -1093,26 +1105,27 @@ impl KvState {
 
     /// One compare; over a range every key must satisfy it. A missing key
     /// compares as zeros, except that a value compare on it fails (etcd).
-    fn compare(&self, compare: &Compare) -> bool {
+    fn compare(&self, compare: &Compare) -> Result<bool, KvError> {
         let range = KeyRange::new(&compare.key, &compare.range_end);
         let mut any = false;
         for kv in self.store.scan(&range, ReadAt::Latest) {
             any = true;
-            if !compare_kv(compare, kv) {
-                return false;
+            let kv = kv?;
+            if !compare_kv(compare, &kv) {
+                return Ok(false);
             }
         }
         if any {
-            return true;
+            return Ok(true);
         }
         if compare.target == CompareTarget::Value as i32 {
-            return false;
+            return Ok(false);
         }
-        compare_kv(compare, &KeyValue::default())
+        Ok(compare_kv(compare, &KeyValue::default()))
     }
 
     /// Encodes the whole state: magic, protobuf body, CRC32C of both.
-    pub fn snapshot(&self) -> Vec<u8> {
+    pub fn snapshot(&self) -> Result<Vec<u8>, KvError> {
         self.snapshot_source().encode()
     }
 
@@ -1127,7 +1140,8 @@ impl KvState {
                 lease_id_next: self.lease_id_next,
                 ..ferrypb::Snapshot::default()
             },
-            versions: self.store.versions().cloned().collect(),
+            view: self.store.view(),
+            compacted_revision: self.store.compacted_revision(),
             tail: ferrypb::Snapshot {
                 leases: self
                     .leases
@@ -1194,6 +1208,7 @@ impl KvState {
         }
         let everything = KeyRange::new(&[0], &[0]);
         for kv in store.scan(&everything, ReadAt::Latest) {
+            let kv = kv.map_err(|e| CodecError::Inconsistent(e.to_string()))?;
             if kv.lease != 0 {
                 let record = leases.get_mut(&kv.lease).ok_or_else(|| {
                     CodecError::Inconsistent(format!(
@@ -1254,8 +1269,11 @@ const KEY_VERSION_TOMBSTONE: u8 = 3 << 3;
 pub struct SnapshotSource {
     /// Only the scalar fields 1-4 are set.
     head: ferrypb::Snapshot,
-    /// Every stored version, in key order, oldest first per key.
-    versions: Vec<Version>,
+    /// Every stored version, in key order, oldest first per key, as the
+    /// store held it (read through the compaction, see
+    /// [`crate::mvcc::compacted_versions`]).
+    view: StoreView<AnyDisk>,
+    compacted_revision: i64,
     /// Only the leases, members and auth state (fields 6-8) are set.
     tail: ferrypb::Snapshot,
 }
@@ -1277,50 +1295,64 @@ impl SnapshotSource {
     /// commands agree whatever entries without effect (a lease renewal, a
     /// no-op) they applied besides. Computed over the encoding in pieces,
     /// with no copy of the state.
-    pub fn content_hash(mut self) -> u32 {
+    pub fn content_hash(mut self) -> Result<u32, KvError> {
         self.head.applied_index = 0;
         // The encoding ends with the crc32c of all that precedes it, written
         // as the last piece: that checksum is the hash. (A checksum over the
         // whole encoding would not do: a CRC over data followed by its own
         // CRC is the same constant for any data.)
         let mut checksum = [0u8; 4];
-        let _ = self.write_to(|piece| {
+        self.write_to(|piece| {
             if let Ok(bytes) = <[u8; 4]>::try_from(piece) {
                 checksum = bytes;
             }
-            Ok::<(), std::convert::Infallible>(())
-        });
-        u32::from_le_bytes(checksum)
+            Ok::<(), KvError>(())
+        })?;
+        Ok(u32::from_le_bytes(checksum))
     }
 
     /// Encodes the snapshot into one buffer (see [`KvState::snapshot`]).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(self.encoded_len());
-        let written = self.write_to(|piece| {
+    pub fn encode(&self) -> Result<Vec<u8>, KvError> {
+        let mut bytes = Vec::new();
+        self.write_to(|piece| {
             bytes.extend_from_slice(piece);
-            Ok::<(), std::convert::Infallible>(())
-        });
-        debug_assert_eq!(written.ok(), Some(bytes.len() as u64));
-        bytes
+            Ok::<(), KvError>(())
+        })?;
+        Ok(bytes)
     }
 
     /// Size of the encoded snapshot, magic and checksum included.
-    pub fn encoded_len(&self) -> usize {
-        let versions: usize = self
-            .versions
-            .iter()
-            .map(|version| {
-                let body = version_body_len(version);
-                1 + prost::length_delimiter_len(body) + body
-            })
-            .sum();
-        SNAPSHOT_MAGIC.len() + self.head.encoded_len() + versions + self.tail.encoded_len() + 4
+    pub fn encoded_len(&self) -> Result<usize, KvError> {
+        let mut versions = 0usize;
+        self.for_each_version(|version| {
+            let body = version_body_len(&version);
+            versions += 1 + prost::length_delimiter_len(body) + body;
+            Ok::<(), KvError>(())
+        })?;
+        Ok(SNAPSHOT_MAGIC.len() + self.head.encoded_len() + versions + self.tail.encoded_len() + 4)
+    }
+
+    /// Calls `visit` with every version the snapshot holds, in order.
+    fn for_each_version<E: From<KvError>>(
+        &self,
+        mut visit: impl FnMut(Version) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for group in crate::mvcc::groups(self.view.iter(&[], std::ops::Bound::Unbounded)) {
+            let group = group?;
+            for record in crate::mvcc::compacted_versions(&group, self.compacted_revision) {
+                visit(crate::mvcc::decode_version(record)?)?;
+            }
+        }
+        Ok(())
     }
 
     /// Streams the encoded snapshot to `sink` in pieces of about 1 MiB, so
     /// that the whole encoding never has to be in memory at once. Returns
-    /// the number of bytes written.
-    pub fn write_to<E>(&self, mut sink: impl FnMut(&[u8]) -> Result<(), E>) -> Result<u64, E> {
+    /// the number of bytes written; a failed read of the store stops it.
+    pub fn write_to<E: From<KvError>>(
+        &self,
+        mut sink: impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
         let mut buffer: Vec<u8> = Vec::with_capacity(SNAPSHOT_WRITE_BUFFER_BYTES);
         let mut checksum: u32 = 0;
         let mut written: u64 = 0;
@@ -1333,9 +1365,9 @@ impl SnapshotSource {
         };
         buffer.extend_from_slice(SNAPSHOT_MAGIC);
         append_message(&self.head, &mut buffer);
-        for version in &self.versions {
+        self.for_each_version::<E>(|version| {
             buffer.push(KEY_SNAPSHOT_VERSIONS);
-            encode_varint(version_body_len(version) as u64, &mut buffer);
+            encode_varint(version_body_len(&version) as u64, &mut buffer);
             buffer.push(KEY_VERSION_KV);
             encode_varint(version.kv.encoded_len() as u64, &mut buffer);
             append_message(&*version.kv, &mut buffer);
@@ -1350,7 +1382,8 @@ impl SnapshotSource {
             if buffer.len() >= SNAPSHOT_WRITE_BUFFER_BYTES {
                 flush(&mut buffer, &mut checksum)?;
             }
-        }
+            Ok(())
+        })?;
         append_message(&self.tail, &mut buffer);
         flush(&mut buffer, &mut checksum)?;
         buffer.extend_from_slice(&checksum.to_le_bytes());

@@ -8,9 +8,12 @@
 //! tombstone so that reads at older revisions and watchers replaying history
 //! see it. The store is deterministic: the same writes give the same state.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_storage::versions::{Record, StoreView, VersionStore, VersionStoreOptions};
+use ferry_storage::AnyDisk;
 
 use crate::error::KvError;
 use crate::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
@@ -129,11 +132,25 @@ fn walkable(lower: Bound<&[u8]>, upper: Bound<&[u8]>) -> bool {
     }
 }
 
-/// The multi-version store.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The multi-version store: every version of every key in a
+/// [`VersionStore`], keyed by (key, mod revision), the value holding the
+/// rest of the key-value (see [`encode_version`]).
+///
+/// A key has at most one version per revision (a txn writes a key once),
+/// so the revision alone orders a key's versions; the sub-revision (the
+/// order of the operations in a txn) rides in the value.
+///
+/// Compaction sets the version store's floor one below the compacted
+/// revision: the version store keeps the newest version at or below the
+/// floor, which is exactly the version a change at the compacted revision
+/// replaced (a watch from there needs it for its prev_kv). What compaction
+/// removes goes from memory at once and from the disk in the version
+/// store's merges; everything that reads the store as a whole (snapshots,
+/// hashes) sees it as compaction left it, whatever the merges did so far
+/// (see [`MvccStore::compacted_view`]).
+#[derive(Debug)]
 pub struct MvccStore {
-    /// Every key's versions, oldest first.
-    keys: BTreeMap<Vec<u8>, Vec<Version>>,
+    versions: VersionStore<AnyDisk>,
     /// The newest committed revision. Starts at 1 as in etcd, so the first
     /// write of a fresh store is revision 2.
     revision: i64,
@@ -141,14 +158,265 @@ pub struct MvccStore {
     compacted_revision: i64,
 }
 
-impl MvccStore {
-    /// An empty store at revision 1.
-    pub fn new() -> MvccStore {
-        MvccStore {
-            keys: BTreeMap::new(),
-            revision: 1,
-            compacted_revision: 0,
+impl Default for MvccStore {
+    fn default() -> Self {
+        MvccStore::new()
+    }
+}
+
+impl Clone for MvccStore {
+    /// A copy in memory of everything the store holds (for tests that
+    /// compare a state before and after).
+    fn clone(&self) -> Self {
+        let mut copy = MvccStore::new();
+        copy.revision = self.revision;
+        copy.compacted_revision = self.compacted_revision;
+        copy.versions.set_floor(self.versions_floor());
+        for record in self.versions.iter(&[], Bound::Unbounded) {
+            match record {
+                Ok(record) => {
+                    let _ = copy.versions.put(record);
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot copy the store");
+                    break;
+                }
+            }
         }
+        copy
+    }
+}
+
+impl PartialEq for MvccStore {
+    /// Equal when both hold the same versions as compaction left them.
+    fn eq(&self, other: &Self) -> bool {
+        self.revision == other.revision
+            && self.compacted_revision == other.compacted_revision
+            && self.compacted_view().ok() == other.compacted_view().ok()
+    }
+}
+
+impl Eq for MvccStore {}
+
+/// Where the in-memory store's version store lives on its simulated disk.
+const IN_MEMORY_DIR: &str = "/kv";
+
+/// The version-store version of a revision (revisions are at least 1).
+fn version_of(revision: i64) -> u64 {
+    u64::try_from(revision).unwrap_or(0)
+}
+
+/// The value bytes of a stored version: sub-revision, create revision,
+/// version and lease, then the value.
+pub fn encode_version(sub_revision: u32, kv: &KeyValue) -> Bytes {
+    let mut out = Vec::with_capacity(4 + 24 + kv.value.len());
+    out.extend_from_slice(&sub_revision.to_le_bytes());
+    out.extend_from_slice(&kv.create_revision.to_le_bytes());
+    out.extend_from_slice(&kv.version.to_le_bytes());
+    out.extend_from_slice(&kv.lease.to_le_bytes());
+    out.extend_from_slice(&kv.value);
+    Bytes::from(out)
+}
+
+/// A stored version from its record (see [`encode_version`]).
+pub fn decode_version(record: &Record) -> Result<Version, KvError> {
+    let bytes = record.value.as_ref();
+    let (head, value) = bytes.split_at_checked(28).ok_or_else(|| {
+        KvError::Storage(format!(
+            "a stored version of {} bytes is shorter than its header",
+            bytes.len()
+        ))
+    })?;
+    let number = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&head[at..at + 8]);
+        i64::from_le_bytes(b)
+    };
+    let mut sub = [0u8; 4];
+    sub.copy_from_slice(&head[..4]);
+    let mod_revision = i64::try_from(record.version)
+        .map_err(|_| KvError::Storage(format!("revision {} out of range", record.version)))?;
+    Ok(Version {
+        kv: Arc::new(KeyValue {
+            key: record.key.to_vec(),
+            create_revision: number(4),
+            mod_revision,
+            version: number(12),
+            value: value.to_vec(),
+            lease: number(20),
+        }),
+        sub_revision: u32::from_le_bytes(sub),
+        tombstone: record.tombstone,
+    })
+}
+
+/// A version a scan found, still in the store's encoding: the value is
+/// shared with the store, not copied, until the response is built (which
+/// happens without the store's lock).
+#[derive(Debug, Clone)]
+pub struct Found {
+    record: Record,
+    create_revision: i64,
+    version: i64,
+    lease: i64,
+}
+
+impl Found {
+    /// Reads the header of a stored version (see [`encode_version`]).
+    fn of(record: Record) -> Result<Found, KvError> {
+        if record.value.len() < 28 {
+            return Err(KvError::Storage(format!(
+                "a stored version of {} bytes is shorter than its header",
+                record.value.len()
+            )));
+        }
+        let number = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&record.value[at..at + 8]);
+            i64::from_le_bytes(b)
+        };
+        Ok(Found {
+            create_revision: number(4),
+            version: number(12),
+            lease: number(20),
+            record,
+        })
+    }
+
+    fn mod_revision(&self) -> i64 {
+        i64::try_from(self.record.version).unwrap_or(i64::MAX)
+    }
+
+    fn value(&self) -> &[u8] {
+        &self.record.value[28..]
+    }
+
+    /// What it adds to a response (see [`kv_response_bytes`]).
+    fn response_bytes(&self, keys_only: bool) -> usize {
+        let value = if keys_only { 0 } else { self.value().len() };
+        self.record.key.len() + value + KV_OVERHEAD_BYTES
+    }
+
+    /// The key-value, copied out of the store's encoding.
+    fn to_key_value(&self, keys_only: bool) -> KeyValue {
+        KeyValue {
+            key: self.record.key.to_vec(),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision(),
+            version: self.version,
+            value: if keys_only {
+                Vec::new()
+            } else {
+                self.value().to_vec()
+            },
+            lease: self.lease,
+        }
+    }
+}
+
+fn storage_error(error: ferry_storage::StorageError) -> KvError {
+    KvError::Storage(error.to_string())
+}
+
+/// The newest version at or below `at` among one key's versions
+/// (ascending), unless it is a tombstone.
+fn visible_record(records: &[Record], at: ReadAt) -> Option<&Record> {
+    let newest = match at {
+        ReadAt::Latest => records.last()?,
+        ReadAt::Revision(revision) => {
+            let max = version_of(revision);
+            records.iter().rev().find(|r| r.version <= max)?
+        }
+    };
+    (!newest.tombstone).then_some(newest)
+}
+
+/// Groups a version iterator into each key's versions, ascending.
+pub(crate) struct KeyGroups<I> {
+    records: I,
+    pending: Option<Record>,
+}
+
+impl<I: Iterator<Item = ferry_storage::Result<Record>>> Iterator for KeyGroups<I> {
+    type Item = Result<Vec<Record>, KvError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut group: Vec<Record> = Vec::new();
+        if let Some(first) = self.pending.take() {
+            group.push(first);
+        }
+        loop {
+            match self.records.next() {
+                None => return (!group.is_empty()).then_some(Ok(group)),
+                Some(Err(error)) => return Some(Err(storage_error(error))),
+                Some(Ok(record)) => {
+                    if group.first().is_some_and(|first| first.key != record.key) {
+                        self.pending = Some(record);
+                        return Some(Ok(group));
+                    }
+                    group.push(record);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn groups<I: Iterator<Item = ferry_storage::Result<Record>>>(
+    records: I,
+) -> KeyGroups<I> {
+    KeyGroups {
+        records,
+        pending: None,
+    }
+}
+
+/// The versions of one key (ascending) that a compaction at `compacted`
+/// leaves: from the newest at or below it, without it if it is a tombstone
+/// older than the compaction, and with its predecessor if it changed the
+/// key exactly at the compaction (a watch from there needs the
+/// predecessor for its prev_kv) and that predecessor is not a tombstone.
+pub(crate) fn compacted_versions(records: &[Record], compacted: i64) -> &[Record] {
+    if compacted <= 0 {
+        return records;
+    }
+    let compacted = version_of(compacted);
+    let Some(position) = records.iter().rposition(|r| r.version <= compacted) else {
+        return records;
+    };
+    let newest = &records[position];
+    let keep_from = if newest.tombstone && newest.version < compacted {
+        position + 1
+    } else if newest.version == compacted && position > 0 && !records[position - 1].tombstone {
+        position - 1
+    } else {
+        position
+    };
+    &records[keep_from..]
+}
+
+impl MvccStore {
+    /// An empty store at revision 1, held in memory.
+    pub fn new() -> MvccStore {
+        let disk = AnyDisk::Sim(ferry_storage::SimDisk::with_seed(0));
+        // A fresh simulated disk cannot fail to open an empty store.
+        let versions = VersionStore::open(
+            disk,
+            std::path::Path::new(IN_MEMORY_DIR),
+            VersionStoreOptions::default(),
+        )
+        .map(|(store, _)| store);
+        match versions {
+            Ok(versions) => MvccStore {
+                versions,
+                revision: 1,
+                compacted_revision: 0,
+            },
+            Err(error) => unreachable!("an empty store in memory failed to open: {error}"),
+        }
+    }
+
+    fn versions_floor(&self) -> u64 {
+        version_of(self.compacted_revision).saturating_sub(1)
     }
 
     /// The newest committed revision.
@@ -181,10 +449,23 @@ impl MvccStore {
         Ok(())
     }
 
+    fn version_max(at: ReadAt) -> u64 {
+        match at {
+            ReadAt::Latest => u64::MAX,
+            ReadAt::Revision(revision) => version_of(revision),
+        }
+    }
+
     /// The visible version of `key` at `at`, or `None` when absent.
-    pub fn get(&self, key: &[u8], at: ReadAt) -> Option<&KeyValue> {
-        let versions = self.keys.get(key)?;
-        visible(versions, at).map(|v| &*v.kv)
+    pub fn get(&self, key: &[u8], at: ReadAt) -> Result<Option<Arc<KeyValue>>, KvError> {
+        let newest = self
+            .versions
+            .latest(key, Self::version_max(at))
+            .map_err(storage_error)?;
+        match newest {
+            Some(record) if !record.tombstone => Ok(Some(decode_version(&record)?.kv)),
+            _ => Ok(None),
+        }
     }
 
     /// Visible key-values in `range` at `at`, in key order.
@@ -192,11 +473,21 @@ impl MvccStore {
         &'a self,
         range: &'a KeyRange,
         at: ReadAt,
-    ) -> impl Iterator<Item = &'a KeyValue> + 'a {
-        let walk = range.bounds().map(|bounds| {
-            self.keys
-                .range::<[u8], _>(bounds)
-                .filter_map(move |(_, versions)| visible(versions, at).map(|v| &*v.kv))
+    ) -> impl Iterator<Item = Result<Arc<KeyValue>, KvError>> + 'a {
+        let walk = range.bounds().map(|(lower, upper)| {
+            // `bounds` always starts inclusive.
+            let start = match lower {
+                Bound::Included(start) | Bound::Excluded(start) => start,
+                Bound::Unbounded => &[][..],
+            };
+            groups(self.versions.iter(start, upper)).filter_map(move |group| match group {
+                Err(error) => Some(Err(error)),
+                Ok(records) => match visible_record(&records, at).map(decode_version) {
+                    None => None,
+                    Some(Ok(version)) => Some(Ok(version.kv)),
+                    Some(Err(error)) => Some(Err(error)),
+                },
+            })
         });
         walk.into_iter().flatten()
     }
@@ -204,28 +495,17 @@ impl MvccStore {
     /// etcd's Range over the store: filters, sort, limit, count, keys-only.
     /// `at` must have been checked with [`MvccStore::check_read_revision`].
     /// The whole scan in one go; see [`RangeScan`] for one in steps.
-    pub fn range(&self, request: &RangeRequest, at: ReadAt) -> RangeResponse {
+    pub fn range(&self, request: &RangeRequest, at: ReadAt) -> Result<RangeResponse, KvError> {
         let mut scan = RangeScan::new(request, at);
-        scan.step(self, usize::MAX);
-        scan.into_response()
+        scan.step(self, usize::MAX)?;
+        Ok(scan.into_response())
     }
 
     /// Removes the version `key` got at `revision`, a revision not yet
     /// committed: undoes a write of the write transaction in progress.
     pub fn discard(&mut self, revision: i64, key: &[u8]) {
         debug_assert!(revision > self.revision);
-        let Some(versions) = self.keys.get_mut(key) else {
-            return;
-        };
-        if versions
-            .last()
-            .is_some_and(|v| v.kv.mod_revision == revision)
-        {
-            versions.pop();
-        }
-        if versions.is_empty() {
-            self.keys.remove(key);
-        }
+        self.versions.undo(key, version_of(revision));
     }
 
     /// Writes `key` = `value` at `revision` and returns (previous, new).
@@ -236,21 +516,12 @@ impl MvccStore {
         key: &[u8],
         value: Vec<u8>,
         lease: i64,
-    ) -> (Option<KeyValue>, KeyValue) {
+    ) -> Result<(Option<KeyValue>, KeyValue), KvError> {
         debug_assert!(revision > self.revision);
-        let versions = self.keys.entry(key.to_vec()).or_default();
         // A second write of the same key in one revision replaces the first;
         // txn validation prevents it, this keeps the history well-formed.
-        if versions
-            .last()
-            .is_some_and(|v| v.kv.mod_revision == revision)
-        {
-            versions.pop();
-        }
-        let previous = versions
-            .last()
-            .filter(|v| !v.tombstone)
-            .map(|v| KeyValue::clone(&v.kv));
+        self.versions.undo(key, version_of(revision));
+        let previous = self.get(key, ReadAt::Latest)?.map(Arc::unwrap_or_clone);
         let (create_revision, version) = match &previous {
             Some(prev) => (prev.create_revision, prev.version + 1),
             None => (revision, 1),
@@ -263,29 +534,42 @@ impl MvccStore {
             value,
             lease,
         };
-        versions.push(Version {
-            kv: Arc::new(kv.clone()),
-            sub_revision,
-            tombstone: false,
-        });
-        (previous, kv)
+        self.versions
+            .put(Record {
+                key: Bytes::copy_from_slice(key),
+                version: version_of(revision),
+                tombstone: false,
+                value: encode_version(sub_revision, &kv),
+            })
+            .map_err(storage_error)?;
+        Ok((previous, kv))
     }
 
     /// Deletes `key` at `revision` if it is live; returns the deleted value.
-    pub fn delete(&mut self, revision: i64, sub_revision: u32, key: &[u8]) -> Option<KeyValue> {
+    pub fn delete(
+        &mut self,
+        revision: i64,
+        sub_revision: u32,
+        key: &[u8],
+    ) -> Result<Option<KeyValue>, KvError> {
         debug_assert!(revision > self.revision);
-        let versions = self.keys.get_mut(key)?;
-        let previous = KeyValue::clone(&versions.last().filter(|v| !v.tombstone)?.kv);
-        versions.push(Version {
-            kv: Arc::new(KeyValue {
-                key: key.to_vec(),
-                mod_revision: revision,
-                ..KeyValue::default()
-            }),
-            sub_revision,
-            tombstone: true,
-        });
-        Some(previous)
+        let Some(previous) = self.get(key, ReadAt::Latest)? else {
+            return Ok(None);
+        };
+        let tombstone = KeyValue {
+            key: key.to_vec(),
+            mod_revision: revision,
+            ..KeyValue::default()
+        };
+        self.versions
+            .put(Record {
+                key: Bytes::copy_from_slice(key),
+                version: version_of(revision),
+                tombstone: true,
+                value: encode_version(sub_revision, &tombstone),
+            })
+            .map_err(storage_error)?;
+        Ok(Some(Arc::unwrap_or_clone(previous)))
     }
 
     /// Compacts history up to `revision`: afterwards reads below it fail, and
@@ -301,27 +585,8 @@ impl MvccStore {
                 compacted_revision: self.compacted_revision,
             });
         }
-        self.keys.retain(|_, versions| {
-            let newest_at_or_below = versions.iter().rposition(|v| v.kv.mod_revision <= revision);
-            if let Some(position) = newest_at_or_below {
-                let newest = &versions[position];
-                let keep_from = if newest.tombstone && newest.kv.mod_revision < revision {
-                    position + 1
-                } else if newest.kv.mod_revision == revision
-                    && position > 0
-                    && !versions[position - 1].tombstone
-                {
-                    // A change exactly at the compacted revision can still
-                    // be watched; keep its predecessor for its prev_kv.
-                    position - 1
-                } else {
-                    position
-                };
-                versions.drain(..keep_from);
-            }
-            !versions.is_empty()
-        });
         self.compacted_revision = revision;
+        self.versions.compact_memtable(self.versions_floor());
         Ok(())
     }
 
@@ -330,10 +595,6 @@ impl MvccStore {
     /// version when it still exists. Stops after the revision in which the
     /// event count reaches `events_max` or the events' size reaches
     /// `bytes_max`, so a revision is never split.
-    ///
-    /// Only the events returned are copied: the walk first notes where each
-    /// change is, so a watcher far behind does not copy the whole history to
-    /// keep a batch of it.
     pub fn history(
         &self,
         range: &KeyRange,
@@ -341,46 +602,71 @@ impl MvccStore {
         to: i64,
         events_max: usize,
         bytes_max: usize,
-    ) -> Vec<Event> {
-        let Some(bounds) = range.bounds() else {
-            return Vec::new();
-        };
-        let mut found: Vec<(i64, u32, &[Version], usize)> = Vec::new();
-        for (_, versions) in self.keys.range::<[u8], _>(bounds) {
-            for (position, version) in versions.iter().enumerate() {
-                let revision = version.kv.mod_revision;
-                if revision >= from && revision <= to {
-                    found.push((revision, version.sub_revision, versions, position));
-                }
+    ) -> Result<Vec<Event>, KvError> {
+        if range.bounds().is_none() || to < from {
+            return Ok(Vec::new());
+        }
+        let changes = self
+            .versions
+            .history(version_of(from), version_of(to))
+            .map_err(storage_error)?;
+        let mut found: Vec<Version> = Vec::new();
+        for record in changes {
+            if range.contains(&record.key) {
+                found.push(decode_version(&record)?);
             }
         }
-        found.sort_by_key(|(revision, sub, _, _)| (*revision, *sub));
+        found.sort_by_key(|v| (v.kv.mod_revision, v.sub_revision));
         let mut events = Vec::new();
         let mut bytes = 0usize;
         let mut last_revision = 0;
-        for (revision, _, versions, position) in found {
+        for version in found {
+            let revision = version.kv.mod_revision;
             if (events.len() >= events_max || bytes >= bytes_max) && revision != last_revision {
                 break;
             }
             last_revision = revision;
-            let prev_kv = position
-                .checked_sub(1)
-                .and_then(|p| versions.get(p))
-                .filter(|p| !p.tombstone)
-                .map(|p| KeyValue::clone(&p.kv));
-            let Some(version) = versions.get(position) else {
-                continue;
-            };
-            let event = to_event(version, prev_kv);
+            let prev_kv = self
+                .get(&version.kv.key, ReadAt::Revision(revision - 1))?
+                .map(Arc::unwrap_or_clone);
+            let event = to_event(&version, prev_kv);
             bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }
-        events
+        Ok(events)
     }
 
-    /// Every stored version, in key order, for snapshots.
-    pub fn versions(&self) -> impl Iterator<Item = &Version> {
-        self.keys.values().flatten()
+    /// A view of every version that later writes do not change (for a
+    /// snapshot written out elsewhere); read it through
+    /// [`compacted_versions`] to see it as compaction left it.
+    pub fn view(&self) -> StoreView<AnyDisk> {
+        self.versions.view_copy(0, Bytes::new())
+    }
+
+    /// Every version as compaction left it, in key order and revision
+    /// order per key: what snapshots and hashes hold. Builds a list; see
+    /// [`MvccStore::for_each_compacted`] to walk without one.
+    pub fn compacted_view(&self) -> Result<Vec<Version>, KvError> {
+        let mut out = Vec::new();
+        self.for_each_compacted(|version| {
+            out.push(version);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `visit` with every version as compaction left it, in key
+    /// order and revision order per key.
+    pub fn for_each_compacted(
+        &self,
+        mut visit: impl FnMut(Version) -> Result<(), KvError>,
+    ) -> Result<(), KvError> {
+        for group in groups(self.versions.iter(&[], Bound::Unbounded)) {
+            for record in compacted_versions(&group?, self.compacted_revision) {
+                visit(decode_version(record)?)?;
+            }
+        }
+        Ok(())
     }
 
     /// Rebuilds a store from snapshot parts, checking that each key's
@@ -395,35 +681,51 @@ impl MvccStore {
                 "revision {revision} and compacted revision {compacted_revision} do not fit"
             ));
         }
-        let mut keys: BTreeMap<Vec<u8>, Vec<Version>> = BTreeMap::new();
+        let mut store = MvccStore::new();
+        store.revision = revision;
+        store.compacted_revision = compacted_revision;
+        store.versions.set_floor(store.versions_floor());
+        let mut last: Option<(Vec<u8>, i64)> = None;
         for version in versions {
-            if version.kv.key.is_empty() {
+            let kv = &version.kv;
+            if kv.key.is_empty() {
                 return Err("a stored version has an empty key".to_string());
             }
-            if version.kv.mod_revision > revision || version.kv.mod_revision < 1 {
+            if kv.mod_revision > revision || kv.mod_revision < 1 {
                 return Err(format!(
                     "version of key {:?} has revision {} outside 1..={revision}",
-                    String::from_utf8_lossy(&version.kv.key),
-                    version.kv.mod_revision
+                    String::from_utf8_lossy(&kv.key),
+                    kv.mod_revision
                 ));
             }
-            let history = keys.entry(version.kv.key.clone()).or_default();
-            if history
-                .last()
-                .is_some_and(|last| last.kv.mod_revision >= version.kv.mod_revision)
-            {
-                return Err(format!(
-                    "versions of key {:?} are not in revision order",
-                    String::from_utf8_lossy(&version.kv.key)
-                ));
+            if let Some((last_key, last_revision)) = &last {
+                let ordered =
+                    (last_key.as_slice(), *last_revision) < (kv.key.as_slice(), kv.mod_revision);
+                if last_key == &kv.key && !ordered {
+                    return Err(format!(
+                        "versions of key {:?} are not in revision order",
+                        String::from_utf8_lossy(&kv.key)
+                    ));
+                }
+                if !ordered {
+                    return Err(format!(
+                        "key {:?} is out of key order",
+                        String::from_utf8_lossy(&kv.key)
+                    ));
+                }
             }
-            history.push(version);
+            last = Some((kv.key.clone(), kv.mod_revision));
+            store
+                .versions
+                .put(Record {
+                    key: Bytes::copy_from_slice(&kv.key),
+                    version: version_of(kv.mod_revision),
+                    tombstone: version.tombstone,
+                    value: encode_version(version.sub_revision, kv),
+                })
+                .map_err(|e| e.to_string())?;
         }
-        Ok(MvccStore {
-            keys,
-            revision,
-            compacted_revision,
-        })
+        Ok(store)
     }
 
     /// CRC32C over every stored version at or below `revision`, in key
@@ -437,42 +739,31 @@ impl MvccStore {
             self.revision
         };
         let mut hash: u32 = 0;
-        for (key, versions) in &self.keys {
-            for version in versions.iter().filter(|v| v.kv.mod_revision <= revision) {
-                hash = crc32c::crc32c_append(hash, key);
-                for number in [
-                    version.kv.create_revision,
-                    version.kv.mod_revision,
-                    version.kv.version,
-                    version.kv.lease,
-                    i64::from(version.tombstone),
-                ] {
-                    hash = crc32c::crc32c_append(hash, &number.to_le_bytes());
-                }
-                hash = crc32c::crc32c_append(hash, &version.kv.value);
+        self.for_each_compacted(|version| {
+            if version.kv.mod_revision > revision {
+                return Ok(());
             }
-        }
+            hash = crc32c::crc32c_append(hash, &version.kv.key);
+            for number in [
+                version.kv.create_revision,
+                version.kv.mod_revision,
+                version.kv.version,
+                version.kv.lease,
+                i64::from(version.tombstone),
+            ] {
+                hash = crc32c::crc32c_append(hash, &number.to_le_bytes());
+            }
+            hash = crc32c::crc32c_append(hash, &version.kv.value);
+            Ok(())
+        })?;
         Ok(hash)
     }
 
-    /// Approximate memory held by keys and values, reported as the db size.
+    /// Bytes the store holds, in memory and on disk, reported as the db
+    /// size.
     pub fn size_bytes(&self) -> u64 {
-        let mut total: u64 = 0;
-        for (key, versions) in &self.keys {
-            total += key.len() as u64;
-            for version in versions {
-                total += (version.kv.key.len() + version.kv.value.len() + 48) as u64;
-            }
-        }
-        total
-    }
-
-    /// Number of keys that are live at the newest revision.
-    pub fn live_key_count(&self) -> usize {
-        self.keys
-            .values()
-            .filter(|versions| versions.last().is_some_and(|v| !v.tombstone))
-            .count()
+        let stats = self.versions.stats();
+        (stats.memtable_bytes as u64).saturating_add(stats.run_file_bytes)
     }
 }
 
@@ -489,30 +780,15 @@ pub fn to_event(version: &Version, prev_kv: Option<KeyValue>) -> Event {
     }
 }
 
-fn visible(versions: &[Version], at: ReadAt) -> Option<&Version> {
-    let version = match at {
-        ReadAt::Latest => versions.last()?,
-        ReadAt::Revision(revision) => versions
-            .iter()
-            .rev()
-            .find(|v| v.kv.mod_revision <= revision)?,
-    };
-    if version.tombstone {
-        None
-    } else {
-        Some(version)
-    }
-}
-
-fn sort_kvs(kvs: &mut [Arc<KeyValue>], target: SortTarget, order: SortOrder) {
+fn sort_kvs(kvs: &mut [Found], target: SortTarget, order: SortOrder) {
     // etcd: a sort target without an order means ascending. The sort is
     // stable, so equal targets stay in key order.
     match target {
-        SortTarget::Key => kvs.sort_by(|a, b| a.key.cmp(&b.key)),
+        SortTarget::Key => kvs.sort_by(|a, b| a.record.key.cmp(&b.record.key)),
         SortTarget::Version => kvs.sort_by_key(|kv| kv.version),
         SortTarget::Create => kvs.sort_by_key(|kv| kv.create_revision),
-        SortTarget::Mod => kvs.sort_by_key(|kv| kv.mod_revision),
-        SortTarget::Value => kvs.sort_by(|a, b| a.value.cmp(&b.value)),
+        SortTarget::Mod => kvs.sort_by_key(Found::mod_revision),
+        SortTarget::Value => kvs.sort_by(|a, b| a.value().cmp(b.value())),
     }
     if order == SortOrder::Descend {
         kvs.reverse();
@@ -561,7 +837,7 @@ pub struct RangeScan {
     /// The last key scanned, where the next step resumes.
     resume_after: Option<Vec<u8>>,
     done: bool,
-    kvs: Vec<Arc<KeyValue>>,
+    kvs: Vec<Found>,
     count: i64,
     /// Response bytes of `kvs` so far (see [`kv_response_bytes`]).
     bytes: usize,
@@ -624,42 +900,51 @@ impl RangeScan {
 
     /// Scans up to `keys_max` more keys of the range; returns whether the
     /// scan is complete.
-    pub fn step(&mut self, store: &MvccStore, keys_max: usize) -> bool {
+    pub fn step(&mut self, store: &MvccStore, keys_max: usize) -> Result<bool, KvError> {
         if self.done {
-            return true;
+            return Ok(true);
         }
         let Some((lower, upper)) = self.range.bounds() else {
             self.done = true;
-            return true;
+            return Ok(true);
         };
-        let lower = match &self.resume_after {
-            Some(key) => Bound::Excluded(key.as_slice()),
-            None => lower,
+        // Resume right after the last key scanned: its successor in key
+        // order is the key with a zero byte appended.
+        let resume: Option<Vec<u8>> = self.resume_after.as_ref().map(|key| {
+            let mut next = key.clone();
+            next.push(0);
+            next
+        });
+        let start: &[u8] = match (&resume, lower) {
+            (Some(next), _) => next.as_slice(),
+            (None, Bound::Included(start) | Bound::Excluded(start)) => start,
+            (None, Bound::Unbounded) => &[],
         };
-        if !walkable(lower, upper) {
+        if !walkable(Bound::Included(start), upper) {
             // Resumed after the last key the range can hold.
             self.done = true;
-            return true;
+            return Ok(true);
         }
         let mut scanned = 0usize;
-        let mut last_key: Option<&[u8]> = None;
-        let mut walk = store.keys.range::<[u8], _>((lower, upper));
+        let mut last_key: Option<Vec<u8>> = None;
+        let mut walk = groups(store.versions.iter(start, upper));
         loop {
             if scanned >= keys_max {
                 break;
             }
-            let Some((key, versions)) = walk.next() else {
+            let Some(group) = walk.next() else {
                 self.done = true;
                 break;
             };
+            let records = group?;
             scanned += 1;
-            last_key = Some(key.as_slice());
-            let Some(version) = visible(versions, self.at) else {
+            last_key = records.first().map(|r| r.key.to_vec());
+            let Some(record) = visible_record(&records, self.at) else {
                 continue;
             };
-            let kv = &version.kv;
+            let kv = Found::of(record.clone())?;
             self.count += 1;
-            if self.count_only || !self.passes_filters(kv) {
+            if self.count_only || !self.passes_filters(&kv) {
                 continue;
             }
             // With the natural order, one past the limit is enough to know
@@ -671,15 +956,13 @@ impl RangeScan {
             {
                 continue;
             }
-            self.bytes = self
-                .bytes
-                .saturating_add(kv_response_bytes(kv, self.keys_only));
-            self.kvs.push(Arc::clone(kv));
+            self.bytes = self.bytes.saturating_add(kv.response_bytes(self.keys_only));
+            self.kvs.push(kv);
         }
         if !self.done {
-            self.resume_after = last_key.map(<[u8]>::to_vec);
+            self.resume_after = last_key;
         }
-        self.done
+        Ok(self.done)
     }
 
     /// Response bytes of the key-values collected so far, before sorting
@@ -701,9 +984,7 @@ impl RangeScan {
         self.more = self.limit > 0 && self.kvs.len() > self.limit;
         if self.more {
             for kv in self.kvs.drain(self.limit..) {
-                self.bytes = self
-                    .bytes
-                    .saturating_sub(kv_response_bytes(&kv, self.keys_only));
+                self.bytes = self.bytes.saturating_sub(kv.response_bytes(self.keys_only));
             }
         }
     }
@@ -723,20 +1004,7 @@ impl RangeScan {
         let kvs = self
             .kvs
             .iter()
-            .map(|kv| {
-                if keys_only {
-                    KeyValue {
-                        key: kv.key.clone(),
-                        create_revision: kv.create_revision,
-                        mod_revision: kv.mod_revision,
-                        version: kv.version,
-                        value: Vec::new(),
-                        lease: kv.lease,
-                    }
-                } else {
-                    KeyValue::clone(kv)
-                }
-            })
+            .map(|kv| kv.to_key_value(keys_only))
             .collect();
         RangeResponse {
             header: None,
@@ -746,9 +1014,9 @@ impl RangeScan {
         }
     }
 
-    fn passes_filters(&self, kv: &KeyValue) -> bool {
-        (self.min_mod_revision <= 0 || kv.mod_revision >= self.min_mod_revision)
-            && (self.max_mod_revision <= 0 || kv.mod_revision <= self.max_mod_revision)
+    fn passes_filters(&self, kv: &Found) -> bool {
+        (self.min_mod_revision <= 0 || kv.mod_revision() >= self.min_mod_revision)
+            && (self.max_mod_revision <= 0 || kv.mod_revision() <= self.max_mod_revision)
             && (self.min_create_revision <= 0 || kv.create_revision >= self.min_create_revision)
             && (self.max_create_revision <= 0 || kv.create_revision <= self.max_create_revision)
     }

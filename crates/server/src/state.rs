@@ -116,7 +116,7 @@ impl StateMachine {
     }
 
     /// The snapshot of the replicated state (see [`KvState::snapshot`]).
-    pub fn snapshot(&self) -> Vec<u8> {
+    pub fn snapshot(&self) -> Result<Vec<u8>, KvError> {
         self.kv.snapshot()
     }
 
@@ -253,7 +253,7 @@ impl SharedState {
             revision
         };
         let mut scan = RangeScan::new(request, ReadAt::Revision(read_revision));
-        scan.step(store, keys_per_step);
+        scan.step(store, keys_per_step)?;
         Ok(RangeRead {
             scan,
             read_revision,
@@ -297,7 +297,7 @@ impl RangeRead {
             let machine = state.lock();
             let store = machine.kv().store();
             store.check_read_revision(self.read_revision)?;
-            self.scan.step(store, keys_per_step);
+            self.scan.step(store, keys_per_step)?;
         }
         let mut response = self.scan.into_response();
         response.header = Some(ResponseHeader {

@@ -758,13 +758,30 @@ impl WatchHub {
                     continue;
                 }
                 scans_run += 1;
-                let history = store.history(
+                let history = match store.history(
                     &watcher.range,
                     watcher.next_revision,
                     current,
                     limits.events_per_watcher_max,
                     limits.drain_bytes_max,
-                );
+                ) {
+                    Ok(history) => history,
+                    Err(error) => {
+                        // This member cannot read its history: the client
+                        // watches again, elsewhere.
+                        cancelled.push((
+                            watch_id,
+                            WatchResponse {
+                                header: header(current),
+                                watch_id,
+                                canceled: true,
+                                cancel_reason: error.to_string(),
+                                ..WatchResponse::default()
+                            },
+                        ));
+                        continue;
+                    }
+                };
                 let complete = history.len() < limits.events_per_watcher_max
                     && history.iter().map(event_size_bytes).sum::<usize>() < limits.drain_bytes_max;
                 scans.insert(

@@ -174,6 +174,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod any_disk;
 pub mod cache;
 pub mod codec;
 pub mod disk;
@@ -185,6 +186,7 @@ pub mod storage;
 pub mod versions;
 pub mod wal;
 
+pub use any_disk::{AnyDisk, AnyFile, AnyReader};
 pub use cache::EntryCache;
 pub use disk::{unique_temp_dir, Disk, DiskFile, DiskReader, FsDisk, FsFile, FsReader};
 pub use error::{DecodeError, Result, StorageError};

@@ -232,13 +232,13 @@ fn a_refused_auth_command_answers_the_same_error_everywhere() {
 fn snapshots_hold_the_auth_state_byte_for_byte() {
     let mut m = machine_with_auth();
     m.ok(put_cmd("app/1", "v"));
-    let bytes = m.kv.snapshot();
+    let bytes = m.kv.snapshot().unwrap();
     let restored = KvState::restore(&bytes, KvLimits::default()).unwrap();
     assert_eq!(restored, m.kv);
-    assert_eq!(restored.snapshot(), bytes);
+    assert_eq!(restored.snapshot().unwrap(), bytes);
     assert_eq!(restored.auth(), m.kv.auth());
     // Two members that applied the same commands write the same bytes.
     let mut other = machine_with_auth();
     other.ok(put_cmd("app/1", "v"));
-    assert_eq!(other.kv.snapshot(), bytes);
+    assert_eq!(other.kv.snapshot().unwrap(), bytes);
 }

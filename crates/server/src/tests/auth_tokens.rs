@@ -124,15 +124,15 @@ fn a_token_handed_out_through_the_log_is_held_by_every_replica() {
     let mut restored = Replica::new();
     restored
         .machine
-        .restore(&cluster[0].machine.snapshot())
+        .restore(&cluster[0].machine.snapshot().unwrap())
         .unwrap();
     assert_eq!(
         restored.resolve(&token.token),
         Err(AuthError::InvalidAuthToken)
     );
     assert_eq!(
-        restored.machine.snapshot(),
-        cluster[0].machine.snapshot(),
+        restored.machine.snapshot().unwrap(),
+        cluster[0].machine.snapshot().unwrap(),
         "tokens do not change the snapshot"
     );
 }

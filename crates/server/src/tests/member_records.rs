@@ -80,7 +80,7 @@ fn records_survive_a_snapshot() {
         "http://10.0.0.4:2379",
     ));
     m.ok(record(5, "ferry-5", "10.0.0.5:2380", ""));
-    let restored = KvState::restore(&m.kv.snapshot(), KvLimits::default()).unwrap();
+    let restored = KvState::restore(&m.kv.snapshot().unwrap(), KvLimits::default()).unwrap();
     assert_eq!(restored.member_records(), m.kv.member_records());
     assert_eq!(restored, m.kv);
 }

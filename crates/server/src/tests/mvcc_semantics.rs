@@ -82,7 +82,12 @@ fn reads_at_past_revisions_until_compacted() {
     m.ok(compact_cmd(5));
     // The deleted key is gone from storage entirely.
     assert_eq!(
-        m.kv.store().versions().filter(|v| v.kv.key == b"a").count(),
+        m.kv.store()
+            .compacted_view()
+            .unwrap()
+            .iter()
+            .filter(|v| v.kv.key == b"a")
+            .count(),
         0
     );
 }
@@ -261,7 +266,10 @@ fn history_replays_in_revision_and_operation_order() {
     })); // 3: c before a
     m.ok(delete_cmd("b", "")); // 4
     let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
-    let events = m.kv.store().history(&everything, 2, 4, 100, usize::MAX);
+    let events =
+        m.kv.store()
+            .history(&everything, 2, 4, 100, usize::MAX)
+            .unwrap();
     let seen: Vec<(i64, String, i32)> = events
         .iter()
         .map(|e| {
@@ -285,7 +293,10 @@ fn history_replays_in_revision_and_operation_order() {
     assert_eq!(events[3].prev_kv.as_ref().unwrap().value, b"1");
     // A limit never splits a revision.
     assert_eq!(
-        m.kv.store().history(&everything, 2, 4, 2, usize::MAX).len(),
+        m.kv.store()
+            .history(&everything, 2, 4, 2, usize::MAX)
+            .unwrap()
+            .len(),
         3
     );
 }
@@ -297,14 +308,22 @@ fn compaction_keeps_a_delete_at_the_compacted_revision_for_watchers() {
     m.ok(delete_cmd("a", "")); // 3
     m.ok(compact_cmd(3));
     let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
-    let events = m.kv.store().history(&everything, 3, 3, 100, usize::MAX);
+    let events =
+        m.kv.store()
+            .history(&everything, 3, 3, 100, usize::MAX)
+            .unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].r#type, 1);
     assert_eq!(m.get("a"), None);
     m.ok(put_cmd("z", "1")); // 4
     m.ok(compact_cmd(4));
     assert_eq!(
-        m.kv.store().versions().filter(|v| v.kv.key == b"a").count(),
+        m.kv.store()
+            .compacted_view()
+            .unwrap()
+            .iter()
+            .filter(|v| v.kv.key == b"a")
+            .count(),
         0
     );
 }

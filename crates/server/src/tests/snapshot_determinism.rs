@@ -44,17 +44,17 @@ fn snapshot_round_trip_preserves_everything() {
     m.ok(delete_cmd("a", ""));
     m.ok(put_lease_cmd("c", "1", lease));
     m.ok(compact_cmd(3));
-    let bytes = m.kv.snapshot();
+    let bytes = m.kv.snapshot().unwrap();
     let restored = KvState::restore(&bytes, KvLimits::default()).unwrap();
     assert_eq!(restored, m.kv);
-    assert_eq!(restored.snapshot(), bytes);
+    assert_eq!(restored.snapshot().unwrap(), bytes);
 }
 
 #[test]
 fn damaged_snapshots_are_refused_with_a_reason() {
     let mut m = Machine::new();
     m.ok(put_cmd("a", "1"));
-    let bytes = m.kv.snapshot();
+    let bytes = m.kv.snapshot().unwrap();
     let limits = KvLimits::default;
     assert!(matches!(
         KvState::restore(&bytes[..5], limits()),
@@ -97,18 +97,18 @@ proptest! {
                 prop_assert_eq!(&a, &c);
             }
             if position == cut {
-                let kv = KvState::restore(&first.kv.snapshot(), KvLimits::default()).unwrap();
+                let kv = KvState::restore(&first.kv.snapshot().unwrap(), KvLimits::default()).unwrap();
                 restored = Some(Machine { kv, index: first.index });
             }
         }
-        prop_assert_eq!(first.kv.snapshot(), second.kv.snapshot());
+        prop_assert_eq!(first.kv.snapshot().unwrap(), second.kv.snapshot().unwrap());
         if let Some(r) = restored {
-            prop_assert_eq!(r.kv.snapshot(), first.kv.snapshot());
+            prop_assert_eq!(r.kv.snapshot().unwrap(), first.kv.snapshot().unwrap());
         }
         // Invariants: every lease's key set is exactly the live keys naming it.
         for (id, record) in first.kv.leases() {
             for key in &record.keys {
-                let kv = first.kv.store().get(key, crate::mvcc::ReadAt::Latest).unwrap();
+                let kv = first.kv.store().get(key, crate::mvcc::ReadAt::Latest).unwrap().unwrap();
                 prop_assert_eq!(kv.lease, *id);
             }
         }

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use prost::Message;
 
 use super::helpers::*;
+use crate::error::KvError;
 use crate::kv_state::{KvLimits, KvState};
 use crate::pb::etcdserverpb::compare::{CompareResult, TargetUnion};
 use crate::pb::etcdserverpb::TxnRequest;
@@ -65,10 +66,10 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 fn the_snapshot_format_is_unchanged() {
     let m = golden_state();
-    assert_eq!(hex(&m.kv.snapshot()), GOLDEN_HEX);
+    assert_eq!(hex(&m.kv.snapshot().unwrap()), GOLDEN_HEX);
     let source = m.kv.snapshot_source();
-    assert_eq!(hex(&source.encode()), GOLDEN_HEX);
-    assert_eq!(source.encoded_len() * 2, GOLDEN_HEX.len());
+    assert_eq!(hex(&source.encode().unwrap()), GOLDEN_HEX);
+    assert_eq!(source.encoded_len().unwrap() * 2, GOLDEN_HEX.len());
 }
 
 /// What prost's derived encoder writes for the message the bytes hold:
@@ -94,14 +95,14 @@ fn values_larger_than_the_write_buffer_stream_in_pieces_with_the_same_bytes() {
         m.ok(put_cmd(&format!("k{i}"), &"v".repeat(*size)));
     }
     let source = m.kv.snapshot_source();
-    let whole = source.encode();
-    assert_eq!(whole.len(), source.encoded_len());
+    let whole = source.encode().unwrap();
+    assert_eq!(whole.len(), source.encoded_len().unwrap());
     assert_eq!(whole, reencoded_by_prost(&whole));
     let mut pieces: Vec<Vec<u8>> = Vec::new();
     let written = source
         .write_to(|piece| {
             pieces.push(piece.to_vec());
-            Ok::<(), ()>(())
+            Ok::<(), KvError>(())
         })
         .unwrap();
     assert!(pieces.len() > 2, "the encoding is handed on in pieces");
@@ -118,9 +119,9 @@ fn a_failing_sink_stops_the_write_with_its_error() {
     let mut calls = 0;
     let outcome = m.kv.snapshot_source().write_to(|_| {
         calls += 1;
-        Err("disk full")
+        Err(KvError::Storage("disk full".into()))
     });
-    assert_eq!(outcome, Err("disk full"));
+    assert_eq!(outcome, Err(KvError::Storage("disk full".into())));
     assert_eq!(calls, 1);
 }
 
@@ -163,18 +164,18 @@ proptest! {
         for (position, command) in commands.iter().enumerate() {
             m.apply(command.clone());
             if position == cut {
-                taken = Some((m.kv.snapshot_source(), m.kv.snapshot(), m.kv.clone()));
+                taken = Some((m.kv.snapshot_source(), m.kv.snapshot().unwrap(), m.kv.clone()));
             }
         }
         let (source, bytes_then, state_then) = taken.unwrap();
-        let encoded = source.encode();
+        let encoded = source.encode().unwrap();
         prop_assert_eq!(&encoded, &bytes_then);
-        prop_assert_eq!(encoded.len(), source.encoded_len());
+        prop_assert_eq!(encoded.len(), source.encoded_len().unwrap());
         prop_assert_eq!(source.applied_index(), state_then.applied_index());
         prop_assert_eq!(&reencoded_by_prost(&encoded), &encoded);
         prop_assert_eq!(KvState::restore(&encoded, KvLimits::default()).unwrap(), state_then);
         // And the state now encodes as prost would, too.
-        let now = m.kv.snapshot();
+        let now = m.kv.snapshot().unwrap();
         prop_assert_eq!(reencoded_by_prost(&now), now);
     }
 }

@@ -374,7 +374,7 @@ fn restore_wakes_watchers_to_catch_up() {
     let mut source = Hub::new(WatchLimits::default());
     source.apply(put_cmd("k", "1")); // 2
     source.apply(put_cmd("k", "2")); // 3
-    let snapshot = source.machine.snapshot();
+    let snapshot = source.machine.snapshot().unwrap();
     let mut hub = Hub::new(WatchLimits::default());
     let (stream, _) = hub.machine.watches.open_stream().unwrap();
     hub.machine.watch_create(stream, &watch("k", "", 0));

@@ -269,7 +269,8 @@ impl Simulation {
             | StorageError::UnknownGroup(_)
             | StorageError::SyncInFlight
             | StorageError::SnapshotChunkOutOfOrder { .. }
-            | StorageError::SnapshotSealed { .. } => {
+            | StorageError::SnapshotSealed { .. }
+            | StorageError::VersionOutOfOrder { .. } => {
                 self.fail(
                     FailureKind::Contract,
                     format!("node {id}: the storage refused a request: {error}"),

@@ -322,6 +322,50 @@ impl<D: Disk> VersionStore<D> {
         self.floor = self.floor.max(floor);
     }
 
+    /// Drops at once what `floor` shadows among the versions the memtable
+    /// holds (the layers on disk shed theirs in merges). A tombstone goes
+    /// only when no older layer may hold a version it hides.
+    pub fn compact_memtable(&mut self, floor: u64) {
+        self.set_floor(floor);
+        let bottom = self.frozen.is_empty() && self.runs.is_empty();
+        let table = &mut self.memtable;
+        let mut freed = 0usize;
+        let mut dropped = 0usize;
+        table.keys.retain(|key, versions| {
+            let kept: Vec<MemVersion> =
+                retained(versions, floor, bottom, |v| (v.version, v.tombstone))
+                    .cloned()
+                    .collect();
+            let before: usize = versions.iter().map(|v| v.value.len()).sum();
+            let after: usize = kept.iter().map(|v| v.value.len()).sum();
+            let gone = versions.len() - kept.len();
+            freed += before - after + gone * (key.len() + RECORD_OVERHEAD_BYTES);
+            dropped += gone;
+            *versions = kept;
+            !versions.is_empty()
+        });
+        table.bytes = table.bytes.saturating_sub(freed);
+        table.records = table.records.saturating_sub(dropped);
+    }
+
+    /// A consistent view that copies the memtable instead of freezing it
+    /// (a store kept in memory only, whose memtable is never flushed).
+    pub fn view_copy(&self, marker: u64, meta: Bytes) -> StoreView<D> {
+        let copy = Memtable {
+            keys: self.memtable.keys.clone(),
+            bytes: self.memtable.bytes,
+            records: self.memtable.records,
+        };
+        let mut frozen = vec![Arc::new(copy)];
+        frozen.extend(self.frozen.iter().map(|f| f.table.clone()));
+        StoreView {
+            frozen,
+            runs: self.runs.clone(),
+            marker,
+            meta,
+        }
+    }
+
     /// Freezes the memtable as the state at `marker`, with the caller's
     /// small state `meta`. The next flush makes it durable.
     pub fn freeze(&mut self, marker: u64, meta: Bytes) {
@@ -751,25 +795,47 @@ impl<D: Disk> Job<D> {
     }
 }
 
-/// Writes one key's versions, dropping those shadowed at or below `floor`
-/// and, in the oldest run, a tombstone that is the newest of them.
+/// Which of one key's versions (ascending) a floor leaves: from the
+/// newest at or below `floor` on (reads at the floor still see it; nobody
+/// reads the ones below it), without that newest one if it is a tombstone
+/// and `bottom` says no older layer may hold a version it hides.
+fn kept_from(
+    versions: impl DoubleEndedIterator<Item = (u64, bool)> + ExactSizeIterator,
+    floor: u64,
+) -> usize {
+    let len = versions.len();
+    let newest_at_floor = versions
+        .rev()
+        .position(|(version, _)| version <= floor)
+        .map(|from_end| len - 1 - from_end);
+    newest_at_floor.unwrap_or(0)
+}
+
+fn retained<T>(
+    versions: &[T],
+    floor: u64,
+    bottom: bool,
+    fields: impl Fn(&T) -> (u64, bool),
+) -> impl Iterator<Item = &T> {
+    let at = kept_from(versions.iter().map(&fields), floor);
+    let drop_tombstone = bottom
+        && versions
+            .get(at)
+            .map(&fields)
+            .is_some_and(|(version, tombstone)| version <= floor && tombstone);
+    versions
+        .iter()
+        .skip(if drop_tombstone { at + 1 } else { at })
+}
+
+/// Writes one key's versions that the floor leaves (see [`retained`]).
 fn write_key<D: Disk>(
     writer: &mut RunWriter<D>,
     versions: &mut Vec<Record>,
     floor: u64,
     bottom: bool,
 ) -> Result<()> {
-    // The newest version at or below the floor is still read by reads at
-    // the floor; the ones below it by nobody.
-    let keep_from = versions
-        .iter()
-        .rposition(|r| r.version <= floor)
-        .unwrap_or(0);
-    for (i, record) in versions.iter().enumerate().skip(keep_from) {
-        let shadowed_tombstone = i == keep_from && record.version <= floor && record.tombstone;
-        if shadowed_tombstone && bottom {
-            continue;
-        }
+    for record in retained(versions, floor, bottom, |r| (r.version, r.tombstone)) {
         writer.push(record)?;
     }
     versions.clear();
