@@ -27,6 +27,12 @@ use crate::pb::ferrypb::{
 };
 use crate::pb::mvccpb::{Event, KeyValue};
 use ferry_storage::versions::StoreView;
+use std::path::Path;
+
+/// A flush or merge of the key-value store, to run on a blocking thread.
+pub type StoreJob = ferry_storage::versions::Job<AnyDisk>;
+/// What a [`StoreJob`] did.
+pub type StoreJobResult = ferry_storage::Result<ferry_storage::versions::JobDone<AnyDisk>>;
 use ferry_storage::AnyDisk;
 
 /// Largest TTL a lease may have, in seconds (etcd's MaxLeaseTTL).
@@ -1181,10 +1187,10 @@ impl KvState {
         if stored != computed {
             return Err(CodecError::ChecksumMismatch { stored, computed });
         }
-        let snapshot = ferrypb::Snapshot::decode(&body[SNAPSHOT_MAGIC.len()..])
+        let mut snapshot = ferrypb::Snapshot::decode(&body[SNAPSHOT_MAGIC.len()..])
             .map_err(|e| CodecError::Malformed(e.to_string()))?;
         let mut versions = Vec::with_capacity(snapshot.versions.len());
-        for version in snapshot.versions {
+        for version in std::mem::take(&mut snapshot.versions) {
             let kv = version
                 .kv
                 .ok_or_else(|| CodecError::Inconsistent("a version without a key-value".into()))?;
@@ -1196,6 +1202,17 @@ impl KvState {
         }
         let store = MvccStore::from_parts(snapshot.revision, snapshot.compacted_revision, versions)
             .map_err(CodecError::Inconsistent)?;
+        KvState::assemble(snapshot, store, limits)
+    }
+
+    /// A state from the small parts of a snapshot (everything but the
+    /// versions) and a store holding the versions. The keys attached to
+    /// each lease are found from the store.
+    fn assemble(
+        snapshot: ferrypb::Snapshot,
+        store: MvccStore,
+        limits: KvLimits,
+    ) -> Result<KvState, CodecError> {
         let mut leases: BTreeMap<i64, LeaseRecord> = BTreeMap::new();
         for lease in snapshot.leases {
             leases.insert(
@@ -1229,6 +1246,65 @@ impl KvState {
             members: snapshot.members.into_iter().map(|m| (m.id, m)).collect(),
             auth: AuthStore::from_snapshot(snapshot.auth).map_err(CodecError::Inconsistent)?,
         })
+    }
+
+    /// The state kept on `disk` in `dir` (a new, empty one if there is
+    /// none): the versions from the store's runs, the rest from what the
+    /// last flush recorded beside them. It stands at the applied index of
+    /// that flush; the log after it is applied again.
+    pub fn open(disk: AnyDisk, dir: &Path, limits: KvLimits) -> Result<KvState, CodecError> {
+        let (mut store, meta) =
+            MvccStore::open(disk, dir).map_err(|e| CodecError::Inconsistent(e.to_string()))?;
+        if meta.is_empty() {
+            return Ok(KvState {
+                store,
+                ..KvState::new(limits)
+            });
+        }
+        let snapshot = ferrypb::Snapshot::decode(meta.as_ref())
+            .map_err(|e| CodecError::Malformed(e.to_string()))?;
+        store
+            .set_positions(snapshot.revision, snapshot.compacted_revision)
+            .map_err(CodecError::Inconsistent)?;
+        KvState::assemble(snapshot, store, limits)
+    }
+
+    /// Everything but the versions, as the store records it beside them.
+    fn meta(&self) -> bytes::Bytes {
+        let source = self.snapshot_source();
+        let mut head = source.head;
+        head.leases = source.tail.leases;
+        head.members = source.tail.members;
+        head.auth = source.tail.auth;
+        bytes::Bytes::from(head.encode_to_vec())
+    }
+
+    /// Bytes of versions written since the last checkpoint.
+    pub fn unflushed_bytes(&self) -> usize {
+        self.store.unflushed_bytes()
+    }
+
+    /// Marks the state at the current applied index for the next flush to
+    /// make durable (see [`KvState::next_store_job`]).
+    pub fn checkpoint(&mut self) {
+        let meta = self.meta();
+        self.store.checkpoint(self.applied_index, meta);
+    }
+
+    /// The next flush or merge of the store to run (off the apply path),
+    /// if any is due and none runs.
+    pub fn next_store_job(&mut self) -> Option<StoreJob> {
+        self.store.next_job()
+    }
+
+    /// Installs what a store job did.
+    pub fn finish_store_job(&mut self, done: StoreJobResult) -> Result<(), KvError> {
+        self.store.finish_job(done)
+    }
+
+    /// The applied index the state on disk is complete up to.
+    pub fn durable_index(&self) -> u64 {
+        self.store.durable_marker()
     }
 
     /// Where members added at run time can be reached, by id.

@@ -415,6 +415,67 @@ impl MvccStore {
         }
     }
 
+    /// The store kept on `disk` in `dir`, and the state its last flush
+    /// recorded beside the versions (empty for a new store). Its revision
+    /// and compaction are set from that state with
+    /// [`MvccStore::set_positions`].
+    pub fn open(
+        disk: AnyDisk,
+        dir: &std::path::Path,
+    ) -> Result<(MvccStore, Bytes), ferry_storage::StorageError> {
+        let (versions, recovered) = VersionStore::open(disk, dir, VersionStoreOptions::default())?;
+        Ok((
+            MvccStore {
+                versions,
+                revision: 1,
+                compacted_revision: 0,
+            },
+            recovered.meta,
+        ))
+    }
+
+    /// Sets the revision and compaction a reopened store stands at.
+    pub fn set_positions(&mut self, revision: i64, compacted_revision: i64) -> Result<(), String> {
+        if revision < 1 || compacted_revision < 0 || compacted_revision > revision {
+            return Err(format!(
+                "revision {revision} and compacted revision {compacted_revision} do not fit"
+            ));
+        }
+        self.revision = revision;
+        self.compacted_revision = compacted_revision;
+        self.versions.set_floor(self.versions_floor());
+        Ok(())
+    }
+
+    /// Bytes of versions written since the last checkpoint.
+    pub fn unflushed_bytes(&self) -> usize {
+        self.versions.memtable_bytes()
+    }
+
+    /// Freezes what was written so far as the state at `applied_index`,
+    /// with the rest of the state `meta`, for the next flush.
+    pub fn checkpoint(&mut self, applied_index: u64, meta: Bytes) {
+        self.versions.freeze(applied_index, meta);
+    }
+
+    /// The next flush or merge to run, if any is due and none runs.
+    pub fn next_job(&mut self) -> Option<ferry_storage::versions::Job<AnyDisk>> {
+        self.versions.next_job()
+    }
+
+    /// Installs what a job did.
+    pub fn finish_job(
+        &mut self,
+        done: ferry_storage::Result<ferry_storage::versions::JobDone<AnyDisk>>,
+    ) -> Result<(), KvError> {
+        self.versions.finish_job(done).map_err(storage_error)
+    }
+
+    /// The applied index the versions on disk are complete up to.
+    pub fn durable_marker(&self) -> u64 {
+        self.versions.durable_marker()
+    }
+
     fn versions_floor(&self) -> u64 {
         version_of(self.compacted_revision).saturating_sub(1)
     }
