@@ -86,6 +86,11 @@ pub struct ServeArgs {
     /// (followers far behind are sent the snapshot). [default: 10000]
     #[arg(long, value_name = "ENTRIES")]
     pub snapshot_entries: Option<u64>,
+    /// Keep the key-value state on disk (`kv/` in the data directory),
+    /// flushed incrementally, instead of in memory with whole-state
+    /// snapshots. Not yet the default (see the README).
+    #[arg(long)]
+    pub kv_on_disk: bool,
     /// Join a running cluster instead of founding one. First add this node
     /// with `etcdctl member add NAME --peer-urls=http://PEER_ADDR [--learner]`
     /// and start it with the id that call printed, an empty
@@ -224,6 +229,7 @@ struct ServeFile {
     cluster_id: Option<String>,
     tick_ms: Option<u64>,
     snapshot_entries: Option<u64>,
+    kv_on_disk: Option<bool>,
     compaction_lag_entries: Option<u64>,
     join: Option<bool>,
     max_client_connections: Option<usize>,
@@ -408,6 +414,7 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     if let Some(entries) = args.snapshot_entries.or(file.snapshot_entries) {
         config.snapshot_interval_entries = entries.max(1);
     }
+    config.kv_on_disk = args.kv_on_disk || file.kv_on_disk.unwrap_or(false);
     config.join = args.join || file.join.unwrap_or(false);
     if let Some(entries) = args.compaction_lag_entries.or(file.compaction_lag_entries) {
         config.compaction_lag_entries = entries;

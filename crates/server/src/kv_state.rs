@@ -29,6 +29,8 @@ use crate::pb::mvccpb::{Event, KeyValue};
 use ferry_storage::versions::StoreView;
 use std::path::Path;
 
+use ferry_storage::Disk;
+
 /// A flush or merge of the key-value store, to run on a blocking thread.
 pub type StoreJob = ferry_storage::versions::Job<AnyDisk>;
 /// What a [`StoreJob`] did.
@@ -1305,6 +1307,42 @@ impl KvState {
     /// The applied index the state on disk is complete up to.
     pub fn durable_index(&self) -> u64 {
         self.store.durable_marker()
+    }
+
+    /// A copy of this state kept on `disk` in `dir` (whose files are
+    /// removed first), durable when this returns: how a state restored
+    /// from a leader's snapshot is put on disk.
+    pub fn persist_into(&self, disk: AnyDisk, dir: &Path) -> Result<KvState, KvError> {
+        let storage = |e: ferry_storage::StorageError| KvError::Storage(e.to_string());
+        ferry_storage::disk::create_dir_durably(&disk, dir).map_err(storage)?;
+        let leftovers = disk
+            .list_files(dir)
+            .map_err(|e| KvError::Storage(format!("list {}: {e}", dir.display())))?;
+        for name in leftovers {
+            let path = dir.join(name);
+            disk.remove_file(&path)
+                .map_err(|e| KvError::Storage(format!("remove {}: {e}", path.display())))?;
+        }
+        let (mut store, _) = MvccStore::open(disk, dir).map_err(storage)?;
+        store
+            .set_positions(self.store.revision(), self.store.compacted_revision())
+            .map_err(KvError::Storage)?;
+        self.store
+            .for_each_compacted(|version| store.insert_version(&version))?;
+        let mut copy = KvState {
+            store,
+            leases: self.leases.clone(),
+            lease_id_next: self.lease_id_next,
+            applied_index: self.applied_index,
+            limits: self.limits.clone(),
+            members: self.members.clone(),
+            auth: self.auth.clone(),
+        };
+        copy.checkpoint();
+        while let Some(job) = copy.next_store_job() {
+            copy.finish_store_job(job.run())?;
+        }
+        Ok(copy)
     }
 
     /// Where members added at run time can be reached, by id.

@@ -447,6 +447,19 @@ impl MvccStore {
         Ok(())
     }
 
+    /// Adds a stored version as it is (copying a store): versions of a
+    /// key must come in revision order.
+    pub fn insert_version(&mut self, version: &Version) -> Result<(), KvError> {
+        self.versions
+            .put(Record {
+                key: Bytes::copy_from_slice(&version.kv.key),
+                version: version_of(version.kv.mod_revision),
+                tombstone: version.tombstone,
+                value: encode_version(version.sub_revision, &version.kv),
+            })
+            .map_err(storage_error)
+    }
+
     /// Bytes of versions written since the last checkpoint.
     pub fn unflushed_bytes(&self) -> usize {
         self.versions.memtable_bytes()
@@ -558,7 +571,7 @@ impl MvccStore {
     /// The whole scan in one go; see [`RangeScan`] for one in steps.
     pub fn range(&self, request: &RangeRequest, at: ReadAt) -> Result<RangeResponse, KvError> {
         let mut scan = RangeScan::new(request, at);
-        scan.step(self, usize::MAX)?;
+        while !scan.step(self, usize::MAX)? {}
         Ok(scan.into_response())
     }
 
@@ -880,6 +893,11 @@ pub fn event_size_bytes(event: &Event) -> usize {
     kv + prev + KV_OVERHEAD_BYTES
 }
 
+/// Bytes of stored versions one step of a [`RangeScan`] reads at most
+/// (past the key it is at), so that a scan of large values holds the
+/// store's lock for a bounded time however few keys it covers.
+pub const RANGE_STEP_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// A Range over the store that can run in steps, each a bounded number of
 /// keys, so that a caller may release the store's lock between steps while
 /// the store goes on changing.
@@ -987,10 +1005,13 @@ impl RangeScan {
             return Ok(true);
         }
         let mut scanned = 0usize;
+        let mut read_bytes = 0usize;
         let mut last_key: Option<Vec<u8>> = None;
         let mut walk = groups(store.versions.iter(start, upper));
         loop {
-            if scanned >= keys_max {
+            // Keys and bytes both bound a step: versions read from disk
+            // cost their size, whatever the response keeps of them.
+            if scanned >= keys_max || read_bytes >= RANGE_STEP_BYTES_MAX {
                 break;
             }
             let Some(group) = walk.next() else {
@@ -999,6 +1020,10 @@ impl RangeScan {
             };
             let records = group?;
             scanned += 1;
+            read_bytes = records
+                .iter()
+                .map(|r| r.key.len() + r.value.len())
+                .fold(read_bytes, usize::saturating_add);
             last_key = records.first().map(|r| r.key.to_vec());
             let Some(record) = visible_record(&records, self.at) else {
                 continue;

@@ -41,9 +41,38 @@ impl StateMachine {
         }
     }
 
+    /// A state machine around `kv` (one opened from disk, say).
+    pub fn with_kv(kv: KvState, watch_limits: WatchLimits) -> StateMachine {
+        StateMachine {
+            kv,
+            watches: WatchHub::new(watch_limits),
+            lease_clock: LeaseClock::new(),
+            tokens: SimpleTokenTable::default(),
+        }
+    }
+
     /// The replicated key-value state.
     pub fn kv(&self) -> &KvState {
         &self.kv
+    }
+
+    /// Marks the state for the next flush (see [`KvState::checkpoint`]).
+    pub fn checkpoint(&mut self) {
+        self.kv.checkpoint();
+    }
+
+    /// The next flush or merge of the store (see
+    /// [`KvState::next_store_job`]).
+    pub fn next_store_job(&mut self) -> Option<crate::kv_state::StoreJob> {
+        self.kv.next_store_job()
+    }
+
+    /// Installs what a store job did (see [`KvState::finish_store_job`]).
+    pub fn finish_store_job(
+        &mut self,
+        done: crate::kv_state::StoreJobResult,
+    ) -> Result<(), KvError> {
+        self.kv.finish_store_job(done)
     }
 
     /// Applies a command and hands its events to the watchers.

@@ -72,6 +72,12 @@ pub struct NodeConfig {
     pub heartbeat_interval_ticks: u32,
     /// Take a snapshot of the state machine after this many applied entries.
     pub snapshot_interval_entries: u64,
+    /// Keep the key-value state on disk (in the data directory's `kv/`)
+    /// instead of in memory with whole-state snapshots. Not yet the
+    /// default: a follower that receives the leader's view of a state on
+    /// disk skips the entries that view holds, and a client waiting on one
+    /// of them through that follower gets no answer (see the README).
+    pub kv_on_disk: bool,
     /// Log entries kept behind a new snapshot, so that a follower a little
     /// behind gets entries instead of the whole snapshot.
     pub compaction_lag_entries: u64,
@@ -133,6 +139,7 @@ impl NodeConfig {
             election_timeout_ticks: 10,
             heartbeat_interval_ticks: 1,
             snapshot_interval_entries: 10_000,
+            kv_on_disk: false,
             compaction_lag_entries: 1000,
             request_timeout: Duration::from_secs(7),
             kv_limits: KvLimits::default(),

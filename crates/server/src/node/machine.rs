@@ -7,12 +7,16 @@
 //! command, in order, on the group's worker.
 
 use std::io;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_runtime::{
-    Command, GroupEvent, RestoreError, SnapshotSource as RuntimeSnapshotSource, StateMachine,
+    Command, Durability, GroupEvent, RestoreError, SnapshotSource as RuntimeSnapshotSource,
+    StateMachine,
 };
+use ferry_storage::{AnyDisk, Disk, DiskFile};
 use tokio::sync::mpsc;
 
 use crate::error::KvError;
@@ -29,6 +33,141 @@ pub(crate) struct KvMachine {
     events: mpsc::UnboundedSender<GroupEvent>,
     /// Whether this node led the group at the last role change.
     leading: bool,
+    /// Where the state lives on disk; `None` keeps it in memory only.
+    home: Option<Arc<StoreHome>>,
+}
+
+/// Bytes of versions written since the last checkpoint past which the
+/// state is checkpointed and flushed.
+pub(crate) const FLUSH_BYTES: usize = 64 * 1024 * 1024;
+
+/// The key-value state's directory: `CURRENT` names the store directory in
+/// use (`store-<n>`), replaced atomically when a snapshot from the leader
+/// brings a whole new state.
+#[derive(Debug)]
+pub(crate) struct StoreHome {
+    disk: AnyDisk,
+    root: PathBuf,
+    /// The generation in use.
+    generation: Mutex<u64>,
+    /// Whether a thread runs the store's jobs (read and set under the state
+    /// lock, so a checkpoint never misses a thread about to stop).
+    running: AtomicBool,
+    /// Held while a job runs and while the whole store is swapped, so that
+    /// a job never finishes on a store other than its own. Taken before
+    /// the state lock, never while holding it.
+    job_slot: Mutex<()>,
+    /// The applied index of the last checkpoint.
+    checkpointed: Mutex<u64>,
+    /// Entries applied since the last checkpoint past which one is taken
+    /// however little was written (`--snapshot-count`: the log behind it
+    /// can then be compacted).
+    checkpoint_entries: u64,
+}
+
+const CURRENT_FILE: &str = "CURRENT";
+
+impl StoreHome {
+    fn store_dir(root: &Path, generation: u64) -> PathBuf {
+        root.join(format!("store-{generation}"))
+    }
+
+    /// Opens the state under `root` (a new one if there is none).
+    pub(crate) fn open(
+        disk: AnyDisk,
+        root: &Path,
+        limits: KvLimits,
+        checkpoint_entries: u64,
+    ) -> Result<(StoreHome, KvState), String> {
+        ferry_storage::disk::create_dir_durably(&disk, root).map_err(|e| e.to_string())?;
+        let current = root.join(CURRENT_FILE);
+        let generation = match disk.read_all(&current) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes)
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{}: not a store generation", current.display()))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(format!("{}: {e}", current.display())),
+        };
+        let dir = StoreHome::store_dir(root, generation);
+        let kv = KvState::open(disk.clone(), &dir, limits)
+            .map_err(|e| format!("the key-value state in {}: {e}", dir.display()))?;
+        let applied = kv.applied_index();
+        Ok((
+            StoreHome {
+                disk,
+                root: root.to_path_buf(),
+                generation: Mutex::new(generation),
+                running: AtomicBool::new(false),
+                job_slot: Mutex::new(()),
+                checkpointed: Mutex::new(applied),
+                checkpoint_entries: checkpoint_entries.max(1),
+            },
+            kv,
+        ))
+    }
+
+    fn generation(&self) -> u64 {
+        *self
+            .generation
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Makes `generation` the one in use, durably.
+    fn switch_to(&self, generation: u64) -> io::Result<()> {
+        let tmp = self.root.join("CURRENT.tmp");
+        let file = self.disk.create(&tmp)?;
+        file.append(generation.to_string().as_bytes())?;
+        file.sync_data()?;
+        self.disk.rename(&tmp, &self.root.join(CURRENT_FILE))?;
+        self.disk.sync_dir(&self.root)?;
+        *self
+            .generation
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = generation;
+        Ok(())
+    }
+
+    /// Runs the store's jobs on a thread of their own until none is left,
+    /// unless such a thread runs already. Called with the state locked
+    /// (`state` is that lock's owner, for the thread).
+    fn run_jobs(self: &Arc<Self>, state: Arc<SharedState>) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let home = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kv-store-jobs".to_string())
+            .spawn(move || loop {
+                let slot = home.job_slot.lock().unwrap_or_else(|p| p.into_inner());
+                let job = {
+                    let mut locked = state.lock();
+                    let job = locked.next_store_job();
+                    if job.is_none() {
+                        home.running.store(false, Ordering::Release);
+                    }
+                    job
+                };
+                let Some(job) = job else {
+                    return;
+                };
+                let done = job.run();
+                if let Err(error) = state.lock().finish_store_job(done) {
+                    tracing::error!(
+                        %error,
+                        "a flush of the key-value store failed; it is tried again at the next checkpoint"
+                    );
+                    home.running.store(false, Ordering::Release);
+                    return;
+                }
+                drop(slot);
+            });
+        if let Err(error) = spawned {
+            tracing::error!(%error, "cannot start the key-value store's flush thread");
+            self.running.store(false, Ordering::Release);
+        }
+    }
 }
 
 impl KvMachine {
@@ -44,7 +183,33 @@ impl KvMachine {
             clock_origin,
             events,
             leading: false,
+            home: None,
         }
+    }
+
+    /// The machine over a state kept on disk in `home`.
+    pub(crate) fn on_disk(mut self, home: StoreHome) -> KvMachine {
+        self.home = Some(Arc::new(home));
+        self
+    }
+
+    /// Checkpoints the state for a flush when enough was written since the
+    /// last one, and has the flush run off the apply path.
+    fn maybe_checkpoint(&self, state: &mut crate::state::StateMachine) {
+        let Some(home) = &self.home else {
+            return;
+        };
+        let applied = state.kv().applied_index();
+        let mut checkpointed = home.checkpointed.lock().unwrap_or_else(|p| p.into_inner());
+        let due = state.kv().unflushed_bytes() >= FLUSH_BYTES
+            || applied.saturating_sub(*checkpointed) >= home.checkpoint_entries;
+        if !due {
+            return;
+        }
+        state.checkpoint();
+        *checkpointed = applied;
+        drop(checkpointed);
+        home.run_jobs(self.state.clone());
     }
 
     fn now_ms(&self) -> u64 {
@@ -81,7 +246,24 @@ impl StateMachine for KvMachine {
         let mut state = self.state.lock();
         let applied = state.apply_bytes_with(command.index, command.data, reads);
         state.sync_lease_clock(now_ms);
+        self.maybe_checkpoint(&mut state);
         applied.response
+    }
+
+    fn durability(&self) -> Durability {
+        if self.home.is_some() {
+            Durability::Durable
+        } else {
+            Durability::InMemory
+        }
+    }
+
+    fn durable_index(&self) -> u64 {
+        self.state.lock().kv().durable_index()
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.state.lock().kv().applied_index()
     }
 
     fn query(&self, (): ()) {}
@@ -95,8 +277,34 @@ impl StateMachine for KvMachine {
         // the swap holds it. The replaced state is freed here too.
         let kv = KvState::restore(snapshot, self.limits.clone())
             .map_err(|error| RestoreError::new(error.to_string()))?;
+        let Some(home) = &self.home else {
+            let replaced = self.state.lock().install(kv);
+            drop(replaced);
+            return Ok(());
+        };
+        // On disk: the restored state goes into a new store directory,
+        // made durable there, then named in CURRENT; no job of the old
+        // store runs meanwhile.
+        let _slot = home.job_slot.lock().unwrap_or_else(|p| p.into_inner());
+        let old = home.generation();
+        let next = old + 1;
+        let dir = StoreHome::store_dir(&home.root, next);
+        let kv = kv
+            .persist_into(home.disk.clone(), &dir)
+            .map_err(|error| RestoreError::new(error.to_string()))?;
+        home.switch_to(next).map_err(|error| {
+            RestoreError::new(format!("switching to {}: {error}", dir.display()))
+        })?;
+        *home.checkpointed.lock().unwrap_or_else(|p| p.into_inner()) = kv.applied_index();
         let replaced = self.state.lock().install(kv);
         drop(replaced);
+        // The old store's files are no longer read by anyone.
+        let old_dir = StoreHome::store_dir(&home.root, old);
+        if let Ok(files) = home.disk.list_files(&old_dir) {
+            for name in files {
+                let _ = home.disk.remove_file(&old_dir.join(name));
+            }
+        }
         Ok(())
     }
 

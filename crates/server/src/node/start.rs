@@ -19,10 +19,11 @@ use ferry_storage::{StorageError, WalOptions};
 
 use super::backend::RaftBackend;
 use super::config::NodeConfig;
-use super::machine::KvMachine;
+use super::machine::{KvMachine, StoreHome};
 use super::member_addrs;
 use crate::api::{ClientListener, EtcdApi};
 use crate::connections::{bind_listener, open_files_limit, split_descriptors, ConnectionLimits};
+use crate::kv_state::KvState;
 use crate::member_id::Hex;
 use crate::state::{SharedState, StateMachine};
 use crate::tls::{ReloadableTls, TlsError, ALPN_H2};
@@ -60,6 +61,9 @@ pub enum StartError {
     /// The auth token settings are unusable (a JWT key cannot be read).
     #[error("auth tokens: {0}")]
     AuthTokens(String),
+    /// The key-value state on disk cannot be opened.
+    #[error("{0}")]
+    KvStore(String),
     /// Certificates could not be loaded (a missing file, bad PEM, a key
     /// that is not the certificate's).
     #[error("{side} TLS: {source}")]
@@ -210,8 +214,23 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     let host = NodeHost::start(host_settings).await?;
     let peer_addr = host.peer_addr();
 
-    let state = Arc::new(SharedState::new(StateMachine::new(
-        config.kv_limits.clone(),
+    // On disk, the key-value state lives beside the log and only what was
+    // applied after its last flush is applied again; in memory, it is
+    // restored from the runtime's snapshot.
+    let (home, kv) = if config.kv_on_disk {
+        let (home, kv) = StoreHome::open(
+            ferry_storage::AnyDisk::Fs(ferry_storage::FsDisk),
+            &config.data_dir.join("kv"),
+            config.kv_limits.clone(),
+            config.snapshot_interval_entries,
+        )
+        .map_err(StartError::KvStore)?;
+        (Some(home), kv)
+    } else {
+        (None, KvState::new(config.kv_limits.clone()))
+    };
+    let state = Arc::new(SharedState::new(StateMachine::with_kv(
+        kv,
         config.watch_limits.clone(),
     )));
     // One clock for lease deadlines: the machine starts them when it
@@ -224,6 +243,10 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         clock_origin,
         events_tx,
     );
+    let machine = match home {
+        Some(home) => machine.on_disk(home),
+        None => machine,
+    };
     // A joining node founds nothing: it starts with an empty configuration
     // and learns the real one from the leader.
     let membership = if config.join {
