@@ -115,12 +115,14 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let metrics = metrics.clone();
+        let warnings = warnings.clone();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let io = TokioIo::new(Stalled::new(stream, options.stall_timeout));
             let service = hyper::service::service_fn(move |request| {
                 let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(answer(&metrics, request).await) }
+                let warnings = warnings.clone();
+                async move { Ok::<_, Infallible>(answer(&metrics, &warnings, request).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
@@ -176,8 +178,13 @@ fn method_not_allowed(allow: &'static str) -> Answer {
     response
 }
 
-/// The answer to one request.
-async fn answer(metrics: &NodeMetrics, request: Request<Incoming>) -> Answer {
+/// The answer to one request. Failed health checks are logged as etcd
+/// logs them, at most a few times a second (probes come often).
+async fn answer(
+    metrics: &NodeMetrics,
+    warnings: &SharedLogLimiter,
+    request: Request<Incoming>,
+) -> Answer {
     let path = request.uri().path();
     let query = HealthQuery::parse(request.uri().query());
     let method = request.method();
@@ -206,7 +213,9 @@ async fn answer(metrics: &NodeMetrics, request: Request<Incoming>) -> Answer {
         return if health.healthy {
             text(StatusCode::OK, "application/json", health.json())
         } else {
-            tracing::warn!(reason = %health.reason, "/health: unhealthy");
+            if let Some(suppressed) = warnings.allow() {
+                tracing::warn!(reason = %health.reason, suppressed, "/health: unhealthy");
+            }
             text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "application/json",
@@ -227,7 +236,9 @@ async fn answer(metrics: &NodeMetrics, request: Request<Incoming>) -> Answer {
         None => not_found(),
         Some(report) if report.ok => text(StatusCode::OK, PLAIN, report.body(query.verbose)),
         Some(report) => {
-            tracing::warn!(path, checks = %report.lines.trim_end(), "health check failed");
+            if let Some(suppressed) = warnings.allow() {
+                tracing::warn!(path, checks = %report.lines.trim_end(), suppressed, "health check failed");
+            }
             text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 PLAIN,

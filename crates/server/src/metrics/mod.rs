@@ -43,6 +43,9 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 /// they are left out of that scrape (its worker is busy).
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How often a health check's read looks whether the leader is gone.
+const LEADER_POLL_INTERVAL: Duration = Duration::from_millis(20);
+
 /// What the metrics port reads from a running node.
 #[derive(Debug, Clone)]
 pub struct NodeMetrics {
@@ -274,7 +277,23 @@ impl health::Probe for NodeMetrics {
         Vec::new()
     }
 
+    /// A read barrier, given up at once when this member stops knowing a
+    /// leader (as etcd's reads fail when the leader changes), rather than
+    /// at the request timeout: a probe should not hang on a member that
+    /// has just lost its quorum.
     async fn linearizable_read(&self) -> Result<(), ApiError> {
-        self.backend.read_index().await
+        let group = self.backend.group();
+        let leader_lost = async {
+            loop {
+                if group.view_with(|view| view.leader.is_none()) {
+                    return;
+                }
+                tokio::time::sleep(LEADER_POLL_INTERVAL).await;
+            }
+        };
+        tokio::select! {
+            read = self.backend.read_index() => read,
+            () = leader_lost => Err(ApiError::NoLeader),
+        }
     }
 }
