@@ -148,7 +148,7 @@ impl NodeMetrics {
         let db_bytes = self.backend.state().lock().kv().store().size_bytes();
         r.register(
             "etcd_mvcc_db_total_size_in_bytes",
-            "Total size of the underlying database in bytes (ferry: the keys and values held, every version)",
+            "Total size of the underlying database in bytes (ferry: the MVCC store's size, as Status reports it)",
             ConstGauge::new(as_i64(db_bytes)),
         );
 
