@@ -5,6 +5,8 @@
 //! `./ferry-dev/`, waits for a leader, prints the endpoints, reports
 //! leader changes and nodes that die, and stops every node cleanly on
 //! Ctrl-C. Run it again in the same folder and the same cluster resumes.
+//! Each node serves metrics and health over HTTP on 2381, 22381 and 32381,
+//! or on a free port when one of those is taken.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -114,6 +116,7 @@ struct DevNode {
     id: u64,
     client_port: u16,
     peer_port: u16,
+    metrics_port: u16,
     child: Option<Child>,
     tls: bool,
 }
@@ -126,6 +129,22 @@ impl DevNode {
 }
 
 const NODES: [(u64, u16, u16); 3] = [(1, 2379, 2380), (2, 22379, 22380), (3, 32379, 32380)];
+
+/// The metrics port a node prefers (its client port + 2, as etcd's 2381).
+fn preferred_metrics_port(client_port: u16) -> u16 {
+    client_port.saturating_add(2)
+}
+
+/// `preferred` if it is free on 127.0.0.1 now, or a port the system says
+/// is free (0 if even that fails: the node then picks one itself).
+fn free_port(preferred: u16) -> u16 {
+    if std::net::TcpListener::bind(("127.0.0.1", preferred)).is_ok() {
+        return preferred;
+    }
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|listener| listener.local_addr())
+        .map_or(0, |addr| addr.port())
+}
 
 fn spawn(
     node: &DevNode,
@@ -150,7 +169,9 @@ fn spawn(
         .arg("--listen-client")
         .arg(format!("127.0.0.1:{}", node.client_port))
         .arg("--listen-peer")
-        .arg(format!("127.0.0.1:{}", node.peer_port));
+        .arg(format!("127.0.0.1:{}", node.peer_port))
+        .arg("--listen-metrics")
+        .arg(format!("http://127.0.0.1:{}", node.metrics_port));
     for member in members {
         command.arg("--member").arg(member);
     }
@@ -259,6 +280,7 @@ pub fn run(args: DevArgs) -> ExitCode {
             id,
             client_port,
             peer_port,
+            metrics_port: free_port(preferred_metrics_port(client_port)),
             child: None,
             tls: args.tls,
         })
@@ -347,6 +369,14 @@ pub fn run(args: DevArgs) -> ExitCode {
             .map(|n| format!("127.0.0.1:{}", n.client_port))
             .collect();
         println!("ferry dev: endpoints {}", endpoints.join(","));
+        let metrics: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("http://127.0.0.1:{}/metrics", n.metrics_port))
+            .collect();
+        println!(
+            "ferry dev: metrics {} (and /health, /livez, /readyz)",
+            metrics.join(" ")
+        );
         println!(
             "ferry dev: logs in {}/node{{1,2,3}}.log",
             args.dir.display()

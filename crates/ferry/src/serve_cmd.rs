@@ -200,6 +200,16 @@ pub struct ServeArgs {
     /// certificate's common name (etcd's flag; needs TLS).
     #[arg(long)]
     pub client_cert_auth: bool,
+    /// Where to serve Prometheus metrics (`/metrics`) and etcd's health
+    /// endpoints (`/health`, `/livez`, `/readyz`) over plain HTTP, as
+    /// `http://HOST:PORT` URLs, comma separated (etcd's
+    /// `--listen-metrics-urls`; e.g. `http://127.0.0.1:2381`). [default: none]
+    #[arg(long, value_name = "URLS", visible_alias = "listen-metrics-urls")]
+    pub listen_metrics: Option<String>,
+    /// The most connections at once to the metrics port (scrapers and
+    /// health probes); more wait in the kernel's backlog. [default: 16]
+    #[arg(long, value_name = "N")]
+    pub max_metrics_connections: Option<usize>,
 }
 
 /// The largest `--max-request-bytes`: a request is one log entry, and an
@@ -251,6 +261,8 @@ struct ServeFile {
     auth_token_ttl: Option<u64>,
     bcrypt_cost: Option<u32>,
     client_cert_auth: Option<bool>,
+    listen_metrics: Option<String>,
+    max_metrics_connections: Option<usize>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -539,7 +551,46 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
         auth.bcrypt_cost = cost;
     }
     auth.client_cert_auth = client_cert_auth;
+    if let Some(urls) = args.listen_metrics.or(file.listen_metrics) {
+        config.metrics_listen = parse_metrics_urls(&urls)?;
+    }
+    if let Some(n) = at_least_one(
+        args.max_metrics_connections
+            .or(file.max_metrics_connections),
+        "--max-metrics-connections",
+    )? {
+        config.metrics_options.connection_limits.connections_max = n;
+        config
+            .metrics_options
+            .connection_limits
+            .connections_per_ip_max = n;
+    }
     Ok(config)
+}
+
+/// Parses `--listen-metrics`: `http://HOST:PORT`, comma separated.
+fn parse_metrics_urls(urls: &str) -> Result<Vec<SocketAddr>, String> {
+    let mut addrs = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|url| !url.is_empty()) {
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Err(if url.starts_with("https://") {
+                format!("--listen-metrics: {url:?}: the metrics port serves plain HTTP only; use http://")
+            } else {
+                format!("--listen-metrics: {url:?} must start with http://")
+            });
+        };
+        let addr = rest
+            .trim_end_matches('/')
+            .parse::<SocketAddr>()
+            .map_err(|_| {
+                format!("--listen-metrics: {url:?} is not a URL of an IP address and port")
+            })?;
+        addrs.push(addr);
+    }
+    if addrs.is_empty() {
+        return Err("--listen-metrics names no URL".to_string());
+    }
+    Ok(addrs)
 }
 
 /// Parses `--listen-client-urls`: `http://HOST:PORT` or `https://HOST:PORT`,
@@ -613,10 +664,16 @@ pub fn run(args: ServeArgs) -> ExitCode {
             .iter()
             .map(|(addr, tls)| format!("{}://{addr}", if *tls { "https" } else { "http" }))
             .collect();
+        let metrics_urls: Vec<String> = node
+            .metrics_addrs
+            .iter()
+            .map(|addr| format!("http://{addr}"))
+            .collect();
         tracing::info!(
             node = %Hex(node_id),
             client = %client_urls.join(","),
             peer = %node.peer_addr,
+            metrics = %metrics_urls.join(","),
             data = %data_dir.display(),
             "serving"
         );
@@ -664,6 +721,49 @@ pub fn run(args: ServeArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_urls_reach_the_node_config_and_bad_ones_say_why() {
+        let member = "1=127.0.0.1:1,http://127.0.0.1:2".to_string();
+        let config = node_config(ServeArgs {
+            id: Some("1".into()),
+            member: vec![member.clone()],
+            listen_metrics: Some("http://127.0.0.1:2381, http://[::1]:2382/".into()),
+            max_metrics_connections: Some(3),
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert_eq!(
+            config.metrics_listen,
+            vec![
+                "127.0.0.1:2381".parse::<SocketAddr>().unwrap(),
+                "[::1]:2382".parse().unwrap()
+            ]
+        );
+        assert_eq!(config.metrics_options.connection_limits.connections_max, 3);
+        let default = node_config(ServeArgs {
+            id: Some("1".into()),
+            member: vec![member.clone()],
+            ..ServeArgs::default()
+        })
+        .unwrap();
+        assert!(default.metrics_listen.is_empty(), "off unless asked");
+        for (urls, says) in [
+            ("https://127.0.0.1:2381", "plain HTTP only"),
+            ("127.0.0.1:2381", "must start with http://"),
+            ("http://localhost:2381", "IP address and port"),
+            (" , ", "names no URL"),
+        ] {
+            let error = node_config(ServeArgs {
+                id: Some("1".into()),
+                member: vec![member.clone()],
+                listen_metrics: Some(urls.into()),
+                ..ServeArgs::default()
+            })
+            .unwrap_err();
+            assert!(error.contains(says), "{urls:?}: {error}");
+        }
+    }
 
     #[test]
     fn members_parse_and_bad_ones_say_why() {

@@ -1139,6 +1139,12 @@ impl RaftNode {
                 RoleState::Follower | RoleState::PreCandidate(_) | RoleState::Candidate(_) => 0,
             }
     }
+    /// On a leader, its view of every peer it replicates to (the members
+    /// of the configurations in force and in its log, and former members
+    /// it still tells of their removal); `None` on any other role.
+    pub fn peer_progress(&self) -> Option<&BTreeMap<NodeId, Progress>> {
+        self.leader_state().map(|state| &state.progress)
+    }
 }
 
 fn validate_options(options: &Options) -> Result<(), InitError> {

@@ -92,3 +92,26 @@ fn the_bytes_crate_is_re_exported_for_embedders() {
         Some(Ok(Response::Proposed { .. }))
     ));
 }
+
+#[test]
+fn only_a_leader_reports_its_peers_progress_and_it_reaches_the_last_index() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    for id in [1, 2, 3].into_iter().filter(|&id| id != leader) {
+        assert!(c.raft(id).peer_progress().is_none(), "node {id} follows");
+    }
+    let r = c.propose(leader, "x=1");
+    let Some(Ok(Response::Proposed { index, .. })) = c.response(leader, r).cloned() else {
+        panic!("not proposed")
+    };
+    assert!(c.run_until(20, |c| c.all_applied(index)));
+    let progress = c.raft(leader).peer_progress().expect("the leader's view");
+    let peers: Vec<u64> = progress.keys().copied().collect();
+    let mut others: Vec<u64> = [1, 2, 3].into_iter().filter(|&id| id != leader).collect();
+    others.sort_unstable();
+    assert_eq!(peers, others, "every peer, not the leader itself");
+    let last = c.raft(leader).last_index();
+    for (peer, p) in progress {
+        assert_eq!(p.match_index, last, "peer {peer} caught up");
+    }
+}

@@ -18,6 +18,7 @@ use crate::error::GroupError;
 use crate::log_limit::LogLimiter;
 use crate::log_task::LogRequest;
 use crate::machine::{BytesSnapshot, Command, Durability, GroupEvent, StateMachine};
+use crate::metrics::{GroupProgress, HostMetrics};
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::stream::Outbound;
 use crate::transport::codec::encode_message;
@@ -58,6 +59,9 @@ pub(crate) enum Call<M: StateMachine> {
     },
     Campaign {
         reply: oneshot::Sender<Result<CampaignOutcome, GroupError>>,
+    },
+    Progress {
+        reply: oneshot::Sender<Result<GroupProgress, GroupError>>,
     },
 }
 
@@ -173,8 +177,11 @@ pub(crate) struct Group<M: StateMachine> {
     receiving: Option<Receiving>,
     ticks: u64,
     role: Role,
+    /// The leader last reported by the engine, to count changes.
+    leader: Option<NodeId>,
     halted: bool,
     fault_warnings: LogLimiter,
+    metrics: Arc<HostMetrics>,
 }
 
 impl<M: StateMachine> Group<M> {
@@ -190,6 +197,7 @@ impl<M: StateMachine> Group<M> {
         view: Arc<Mutex<GroupView>>,
         policy: SnapshotPolicy,
         snapshot: (Index, u64),
+        metrics: Arc<HostMetrics>,
     ) -> Group<M> {
         let durable = machine.durability() == Durability::Durable;
         let skip_through = if durable { machine.applied_index() } else { 0 };
@@ -221,8 +229,10 @@ impl<M: StateMachine> Group<M> {
             receiving: None,
             ticks: 0,
             role: Role::Follower,
+            leader: None,
             halted: false,
             fault_warnings: LogLimiter::for_remote_input(),
+            metrics,
         }
     }
 
@@ -324,19 +334,23 @@ impl<M: StateMachine> Group<M> {
                 snapshot_index,
                 offset,
                 max_bytes,
-            } if !self.durable => out.log.push(LogRequest::ReadChunk {
-                group: self.id,
-                to,
-                snapshot_index,
-                offset,
-                max_bytes,
-            }),
-            Action::LoadSnapshotChunk {
-                to,
-                snapshot_index,
-                offset,
-                max_bytes,
-            } => self.stream_chunk(to, snapshot_index, offset, max_bytes),
+            } => {
+                if offset == 0 {
+                    // The first chunk: a transfer begins (or starts over).
+                    self.metrics.snapshots_sent.inc();
+                }
+                if self.durable {
+                    self.stream_chunk(to, snapshot_index, offset, max_bytes);
+                } else {
+                    out.log.push(LogRequest::ReadChunk {
+                        group: self.id,
+                        to,
+                        snapshot_index,
+                        offset,
+                        max_bytes,
+                    });
+                }
+            }
             // Read by the log task, off this worker thread, like chunks.
             Action::LoadEntries {
                 to,
@@ -382,6 +396,12 @@ impl<M: StateMachine> Group<M> {
             Action::RoleChanged { role, term, leader } => {
                 tracing::debug!(group = self.id, ?role, term, leader, "role changed");
                 self.role = role;
+                // As etcd counts them: every time a leader becomes known
+                // that is not the one known before (none in between).
+                if leader.is_some() && leader != self.leader {
+                    self.metrics.leader_changes.inc();
+                }
+                self.leader = leader;
                 self.event(GroupEvent::RoleChanged { role, term, leader });
             }
             Action::Removed => {
@@ -680,6 +700,27 @@ impl<M: StateMachine> GroupRun for Group<M> {
             Call::Campaign { reply } => {
                 self.request(Request::Campaign, Waiter::Campaign(reply), out)
             }
+            Call::Progress { reply } => {
+                let match_index = self
+                    .node
+                    .peer_progress()
+                    .map(|peers| {
+                        peers
+                            .iter()
+                            .map(|(peer, progress)| (*peer, progress.match_index))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let _ = reply.send(Ok(GroupProgress {
+                    role: self.role,
+                    last_index: self.node.last_index(),
+                    engine_requests: self.node.pending_request_count(),
+                    callers_waiting: self.waiting.len()
+                        + self.applying.len()
+                        + self.reads.values().map(Vec::len).sum::<usize>(),
+                    match_index,
+                }));
+            }
         }
     }
 
@@ -835,6 +876,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
                     bytes = self.snapshots.bytes,
                     "installed a snapshot from the leader"
                 );
+                self.metrics.snapshots_received.inc();
                 self.applied = index;
                 self.snapshots.index = index;
                 self.snapshots.log_bytes = 0;

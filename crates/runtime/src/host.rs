@@ -24,6 +24,9 @@ use crate::group::{Call, Group};
 use crate::log_task::{self, LogRequest};
 use crate::machine::{Durability, StateMachine};
 use crate::member_id::Hex;
+use crate::metrics::{
+    peer_label, GroupProgress, HostMetrics, QueueDepths, RoundTrips, PING_INTERVAL_TICKS,
+};
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::transport::{decode_message, Transport, TransportConfig, TransportEvent};
 use crate::view::GroupView;
@@ -152,6 +155,7 @@ struct HostInner {
     stopped: watch::Receiver<Option<String>>,
     troubles: Arc<log_task::Troubles>,
     counters: Arc<log_task::LogCounters>,
+    metrics: Arc<HostMetrics>,
     /// Groups found on disk at start and not started since.
     recovered: Mutex<BTreeMap<GroupId, GroupRecovery>>,
     shutdown: watch::Sender<bool>,
@@ -187,6 +191,8 @@ impl NodeHost {
         let log_workers = workers.clone();
         let counters = Arc::new(log_task::LogCounters::default());
         let troubles = Arc::new(log_task::Troubles::default());
+        let metrics = Arc::new(HostMetrics::default());
+        let log_metrics = metrics.clone();
         let (stopped_tx, stopped) = watch::channel(None);
         let log_counters = counters.clone();
         let log_troubles = troubles.clone();
@@ -198,6 +204,7 @@ impl NodeHost {
                 log_workers,
                 log_counters,
                 log_troubles,
+                log_metrics,
                 log_shutdown,
             )
             .await;
@@ -230,19 +237,27 @@ impl NodeHost {
         let peer_addr = transport.local_addr();
         let connected = Arc::new(Mutex::new(BTreeSet::new()));
         let silence_ticks = config.engine.election_timeout_ticks.max(1);
+        let links = Arc::new(Links {
+            transport: RwLock::new(transport),
+        });
+        let round_trips = Arc::new(RoundTrips::new());
         tasks.push(tokio::spawn(route(
             events,
             workers.clone(),
             connected.clone(),
             (config.tick_interval, silence_ticks),
+            Pings {
+                me: config.node_id,
+                links: links.clone(),
+                round_trips: round_trips.clone(),
+                metrics: metrics.clone(),
+            },
         )));
-        let links = Arc::new(Links {
-            transport: RwLock::new(transport),
-        });
         tasks.push(tokio::spawn(send_keepalives(
             config.node_id,
             config.tick_interval,
             links.clone(),
+            round_trips,
         )));
         Ok(NodeHost {
             inner: Arc::new(HostInner {
@@ -255,6 +270,7 @@ impl NodeHost {
                 stopped,
                 troubles,
                 counters,
+                metrics,
                 recovered: Mutex::new(report.groups),
                 shutdown,
                 tasks: Mutex::new(tasks),
@@ -304,6 +320,29 @@ impl NodeHost {
     /// What the shared log has done since the host started.
     pub fn log_counters(&self) -> &log_task::LogCounters {
         &self.inner.counters
+    }
+
+    /// What the host measured since it started (see [`crate::metrics`]).
+    pub fn metrics(&self) -> &HostMetrics {
+        &self.inner.metrics
+    }
+
+    /// How many messages wait in the host's queues now.
+    pub fn queue_depths(&self) -> QueueDepths {
+        let log = &self.inner.log;
+        let transport = self
+            .inner
+            .links
+            .transport
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        QueueDepths {
+            log_requests: log.max_capacity().saturating_sub(log.capacity()),
+            worker_inputs: self.inner.workers.queued_inputs(),
+            transport_events: transport.events_queued(),
+            peer_frames: transport.queued_frames(),
+            inbound_buffered_bytes: transport.inbound_buffered_bytes(),
+        }
     }
 
     /// This node's id.
@@ -414,6 +453,7 @@ impl NodeHost {
             view.clone(),
             self.inner.config.snapshot_policy,
             (snapshot_index, snapshot_bytes),
+            self.inner.metrics.clone(),
         );
         let (reply, started) = oneshot::channel();
         let sent = self
@@ -439,6 +479,7 @@ impl NodeHost {
             group,
             workers: self.inner.workers.clone(),
             view,
+            metrics: self.inner.metrics.clone(),
             machine: PhantomData,
         })
     }
@@ -518,12 +559,55 @@ impl NodeHost {
     }
 }
 
+/// What the router needs to answer pings and time pongs.
+struct Pings {
+    me: NodeId,
+    links: Arc<Links>,
+    round_trips: Arc<RoundTrips>,
+    metrics: Arc<HostMetrics>,
+}
+
+impl Pings {
+    /// Answers a host message from `from`: a ping gets its pong, a pong
+    /// that answers the ping in flight is a round trip; anything else only
+    /// says that the peer is alive. Hosts that predate pings ignore both.
+    fn host_message(&self, from: NodeId, body: &ferry_raft::MessageBody) {
+        match body {
+            ferry_raft::MessageBody::Heartbeat { read_seq, .. } => {
+                let pong = ferry_raft::Message {
+                    group: HOST_GROUP,
+                    from: self.me,
+                    to: from,
+                    term: 0,
+                    body: ferry_raft::MessageBody::HeartbeatResponse {
+                        read_seq: *read_seq,
+                        last_index: 0,
+                        needs_append: false,
+                    },
+                };
+                self.links
+                    .send(from, crate::transport::encode_message(&pong));
+            }
+            ferry_raft::MessageBody::HeartbeatResponse { read_seq, .. } => {
+                if let Some(took) = self.round_trips.pong(from, *read_seq) {
+                    self.metrics
+                        .peer_round_trip_seconds
+                        .get_or_create(&peer_label(from))
+                        .observe(took.as_secs_f64());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Routes what the transport receives to the workers of the groups.
 async fn route(
     mut events: mpsc::Receiver<TransportEvent>,
     workers: Workers,
     connected: Arc<Mutex<BTreeSet<NodeId>>>,
     (tick, silence_ticks): (Duration, u32),
+    pings: Pings,
 ) {
     let mut liveness = Liveness::new(silence_ticks);
     let mut undecodable = crate::log_limit::LogLimiter::for_remote_input();
@@ -574,6 +658,7 @@ async fn route(
                         workers.broadcast(|| WorkerInput::PeerConnected(from)).await;
                     }
                     if message.group == HOST_GROUP {
+                        pings.host_message(from, &message.body);
                         continue;
                     }
                     let group = message.group;
@@ -658,24 +743,42 @@ impl Liveness {
     }
 }
 
-/// Sends every peer node a keepalive each tick (see [`Liveness`]).
-async fn send_keepalives(me: NodeId, tick: Duration, links: Arc<Links>) {
+/// Sends every peer node a keepalive each tick (see [`Liveness`]); every
+/// [`PING_INTERVAL_TICKS`] ticks the keepalive is a ping, which the peer
+/// answers, for the round trip ([`HostMetrics::peer_round_trip_seconds`]).
+async fn send_keepalives(
+    me: NodeId,
+    tick: Duration,
+    links: Arc<Links>,
+    round_trips: Arc<RoundTrips>,
+) {
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
     loop {
         ticker.tick().await;
+        ticks = ticks.wrapping_add(1);
+        let ping = ticks % PING_INTERVAL_TICKS == 0;
         let peers = links
             .transport
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .peer_ids();
         for peer in peers {
+            let body = if ping {
+                ferry_raft::MessageBody::Heartbeat {
+                    leader_commit: 0,
+                    read_seq: round_trips.ping(peer),
+                }
+            } else {
+                ferry_raft::MessageBody::WakeUp
+            };
             let keepalive = ferry_raft::Message {
                 group: HOST_GROUP,
                 from: me,
                 to: peer,
                 term: 0,
-                body: ferry_raft::MessageBody::WakeUp,
+                body,
             };
             links.send(peer, crate::transport::encode_message(&keepalive));
         }
@@ -694,6 +797,7 @@ pub struct GroupHandle<M: StateMachine> {
     group: GroupId,
     workers: Workers,
     view: Arc<Mutex<GroupView>>,
+    metrics: Arc<HostMetrics>,
     machine: PhantomData<fn() -> M>,
 }
 
@@ -703,7 +807,35 @@ impl<M: StateMachine> Clone for GroupHandle<M> {
             group: self.group,
             workers: self.workers.clone(),
             view: self.view.clone(),
+            metrics: self.metrics.clone(),
             machine: PhantomData,
+        }
+    }
+}
+
+/// Counts a proposal as pending while it lives, and as failed when it
+/// ends without a successful answer: an error, or a caller that stopped
+/// waiting (its own timeout).
+struct Pending<'a> {
+    metrics: &'a HostMetrics,
+    succeeded: bool,
+}
+
+impl<'a> Pending<'a> {
+    fn start(metrics: &'a HostMetrics) -> Pending<'a> {
+        metrics.proposals_pending.inc();
+        Pending {
+            metrics,
+            succeeded: false,
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.metrics.proposals_pending.dec();
+        if !self.succeeded {
+            self.metrics.proposals_failed.inc();
         }
     }
 }
@@ -721,7 +853,10 @@ impl<M: StateMachine> GroupHandle<M> {
     /// every engine refusal before the proposal entered the log).
     pub async fn propose(&self, command: impl Into<Bytes>) -> Result<M::Response, GroupError> {
         let command = command.into();
-        self.call(|reply| Call::Propose { command, reply }).await
+        let mut pending = Pending::start(&self.metrics);
+        let answer = self.call(|reply| Call::Propose { command, reply }).await;
+        pending.succeeded = answer.is_ok();
+        answer
     }
 
     /// Answers a query against the machine's applied state, once the
@@ -791,6 +926,13 @@ impl<M: StateMachine> GroupHandle<M> {
     /// The group's state on this node.
     pub async fn status(&self) -> Result<Status, GroupError> {
         self.call(|reply| Call::Status { reply }).await
+    }
+
+    /// The group's replication as this node sees it now: on a leader, how
+    /// far each peer's log matches; and how many requests its engine holds.
+    /// Answered by the group's worker without a step of the engine.
+    pub async fn progress(&self) -> Result<GroupProgress, GroupError> {
+        self.call(|reply| Call::Progress { reply }).await
     }
 
     async fn call<T>(

@@ -132,6 +132,9 @@
 //! - [`connections`]: what accepting connections may cost a node.
 //! - [`log_limit`]: rate limits for warnings a remote party can trigger.
 //! - [`member_id`]: node ids as people read them.
+//! - [`metrics`]: what the host measures (sync and snapshot latencies,
+//!   round trips to peers, leader changes, proposals), its queue depths
+//!   and its groups' replication, for an embedder to export.
 
 #![warn(missing_docs)]
 
@@ -143,6 +146,7 @@ pub mod log_limit;
 mod log_task;
 pub mod machine;
 pub mod member_id;
+pub mod metrics;
 pub mod snapshot_policy;
 mod stream;
 pub mod tls;
@@ -160,5 +164,8 @@ pub use log_task::{LogCounters, LogFailed};
 pub use machine::{
     BytesSnapshot, Command, Durability, GroupEvent, RestoreError, SnapshotSource, StateMachine,
 };
+pub use metrics::{GroupProgress, HostMetrics, QueueDepths};
+/// The metrics crate of [`HostMetrics`], for registering them.
+pub use prometheus_client;
 pub use snapshot_policy::SnapshotPolicy;
 pub use view::GroupView;

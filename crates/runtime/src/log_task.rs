@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -25,6 +25,7 @@ use ferry_raft::{Entry, GroupId, Index, NodeId, PersistRequest, SnapshotMeta, Te
 use ferry_storage::{FsDisk, GroupRecovery, PendingSync, SnapshotWriter, Storage, StorageError};
 
 use crate::machine::SnapshotSource;
+use crate::metrics::HostMetrics;
 use crate::worker::{Completion, Workers};
 
 /// What a worker asks of the storage.
@@ -94,12 +95,14 @@ pub(crate) enum LogRequest {
 
 /// What the log task hands back to itself from blocking threads.
 enum Finished {
-    /// A sync ran.
-    Synced(PendingSync<FsDisk>, std::io::Result<()>),
-    /// A local snapshot's data was written and sealed (or not).
+    /// A sync ran, taking this long.
+    Synced(PendingSync<FsDisk>, std::io::Result<()>, Duration),
+    /// A local snapshot's data was written and sealed (or not), taking
+    /// this long.
     SnapshotWritten {
         writer: SnapshotWriter<FsDisk>,
         outcome: Result<u64, StorageError>,
+        took: Duration,
     },
     /// A received snapshot's file was sealed (or not).
     ReceivedSealed {
@@ -270,6 +273,7 @@ pub(crate) async fn run(
     workers: Workers,
     counters: Arc<LogCounters>,
     troubles: Arc<Troubles>,
+    metrics: Arc<HostMetrics>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), LogFailed> {
     let (finished_tx, mut finished) = mpsc::unbounded_channel::<Finished>();
@@ -288,8 +292,10 @@ pub(crate) async fn run(
                     after_sync.append(&mut waiting);
                     let done = finished_tx.clone();
                     tokio::task::spawn_blocking(move || {
+                        let started = Instant::now();
                         let outcome = pending.execute();
-                        let _ = done.send(Finished::Synced(pending, outcome));
+                        let took = started.elapsed();
+                        let _ = done.send(Finished::Synced(pending, outcome, took));
                     });
                 }
                 None => {
@@ -306,10 +312,11 @@ pub(crate) async fn run(
         tokio::select! {
             biased;
             Some(done) = finished.recv() => match done {
-                Finished::Synced(pending, outcome) => {
+                Finished::Synced(pending, outcome, took) => {
                     sync_in_flight = false;
                     let seqs = storage.wal.complete_sync(pending, outcome)?;
                     counters.syncs.fetch_add(1, Ordering::Relaxed);
+                    metrics.log_sync_seconds.observe(took.as_secs_f64());
                     troubles.watch_rotation(&storage);
                     for (group, seq) in seqs {
                         workers.complete(group, Completion::Persisted { seq });
@@ -318,7 +325,7 @@ pub(crate) async fn run(
                         done.answer(&storage, &workers);
                     }
                 }
-                Finished::SnapshotWritten { writer, outcome } => {
+                Finished::SnapshotWritten { writer, outcome, took } => {
                     let group = writer.group();
                     let index = writer.meta().index;
                     let outcome = outcome.and_then(|bytes| {
@@ -326,6 +333,7 @@ pub(crate) async fn run(
                     });
                     match outcome {
                         Ok(bytes) => {
+                            metrics.snapshot_write_seconds.observe(took.as_secs_f64());
                             troubles.snapshot(group, None);
                             workers.complete(group, Completion::SnapshotTaken { index, bytes })
                         }
@@ -479,13 +487,18 @@ fn handle(
                     writer.seal()?;
                     Ok(bytes)
                 });
+                let took = started.elapsed();
                 tracing::debug!(
                     group,
                     index,
-                    ms = started.elapsed().as_millis() as u64,
+                    ms = took.as_millis() as u64,
                     "wrote a snapshot"
                 );
-                let _ = done.send(Finished::SnapshotWritten { writer, outcome });
+                let _ = done.send(Finished::SnapshotWritten {
+                    writer,
+                    outcome,
+                    took,
+                });
             });
         }
         LogRequest::SaveChunk {

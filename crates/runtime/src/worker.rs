@@ -155,6 +155,14 @@ impl Workers {
         }
     }
 
+    /// Inputs queued for all workers now.
+    pub(crate) fn queued_inputs(&self) -> usize {
+        self.inputs
+            .iter()
+            .map(|sender| sender.max_capacity().saturating_sub(sender.capacity()))
+            .sum()
+    }
+
     /// Hands a storage completion to the worker of `group`. Never waits.
     pub(crate) fn complete(&self, group: GroupId, completion: Completion) {
         let _ = self.completions[self.of(group)].send((group, completion));

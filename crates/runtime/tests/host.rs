@@ -786,3 +786,115 @@ async fn a_late_member_is_caught_up_from_entries_the_leader_reads_back_from_its_
         .unwrap_or(0);
     assert_eq!(received, 0, "the late member was sent a snapshot");
 }
+
+/// Waits, 20 s at most, until `done` holds, saying `what` otherwise.
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_measures_syncs_snapshots_round_trips_leaders_and_replication() {
+    use ferry_runtime::metrics::peer_label;
+    let mut cluster = Cluster::new("metrics", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let value = "x".repeat(200);
+    for i in 0..40 {
+        propose(&handles[&1], format!("{i}-{value}")).await;
+    }
+    let expected = read(&handles[&1]).await;
+    let leader = leader_of(&handles[&1]).await;
+    let follower = 3 - leader;
+    for id in [1, 2] {
+        let metrics = cluster.hosts[&id].metrics();
+        assert!(metrics.log_sync_seconds.count() > 0, "node {id} synced");
+        assert!(
+            metrics.snapshot_write_seconds.count() > 0,
+            "node {id} wrote snapshots"
+        );
+        assert!(metrics.leader_changes.get() >= 1, "node {id} saw a leader");
+        assert_eq!(metrics.proposals_pending.get(), 0);
+    }
+    // The leader knows how far each follower is; node 3 has nothing yet.
+    let progress = handles[&leader].progress().await.unwrap();
+    assert_eq!(progress.role, ferry_runtime::ferry_raft::Role::Leader);
+    assert_eq!(progress.lag_entries()[&follower], 0);
+    assert_eq!(progress.lag_entries()[&3], progress.last_index);
+    let on_follower = handles[&follower].progress().await.unwrap();
+    assert!(on_follower.match_index.is_empty(), "only a leader knows");
+    assert!(cluster.hosts[&1]
+        .queue_depths()
+        .peer_frames
+        .keys()
+        .eq([2, 3].iter()));
+    // Round trips to the live peer are measured by its pongs.
+    let host1 = cluster.hosts[&1].clone();
+    wait_until("a round trip from node 1 to node 2", || {
+        host1
+            .metrics()
+            .peer_round_trip_seconds
+            .get(&peer_label(2))
+            .is_some_and(|histogram| histogram.count() > 0)
+    })
+    .await;
+    assert!(
+        host1
+            .metrics()
+            .peer_round_trip_seconds
+            .get(&peer_label(3))
+            .is_none(),
+        "node 3 never answered"
+    );
+
+    // Node 3 starts late and is caught up from a snapshot.
+    let mut config = cluster.config(3);
+    config.snapshot_policy.log_bytes_min = u64::MAX;
+    let host3 = NodeHost::start(config).await.unwrap();
+    cluster.hosts.insert(3, host3.clone());
+    let late = host3
+        .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+        .await
+        .unwrap();
+    wait_for_lines(&late, &expected, "the late node").await;
+    assert!(host3.metrics().snapshots_received.get() >= 1);
+    assert!(cluster.hosts[&leader].metrics().snapshots_sent.get() >= 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while handles[&leader].progress().await.unwrap().lag_entries()[&3] > 0 {
+        assert!(Instant::now() < deadline, "node 3 never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_whose_caller_stops_waiting_counts_as_failed() {
+    let mut cluster = Cluster::new("failed", 3);
+    // One founder of three: no quorum, so no proposal can succeed.
+    let host = cluster.start(1).await.clone();
+    let handle = host
+        .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+        .await
+        .unwrap();
+    let mut proposal = Box::pin(handle.propose(b"never".to_vec()));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut proposal)
+            .await
+            .is_err(),
+        "no quorum, no answer"
+    );
+    assert_eq!(host.metrics().proposals_pending.get(), 1);
+    assert_eq!(host.metrics().proposals_failed.get(), 0);
+    drop(proposal);
+    assert_eq!(host.metrics().proposals_pending.get(), 0);
+    assert_eq!(host.metrics().proposals_failed.get(), 1);
+}

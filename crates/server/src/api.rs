@@ -29,6 +29,7 @@ use crate::connections::{ClientConnection, ClientTimeouts, ConnectionGate, Conne
 use crate::error::{ApiError, KvError};
 use crate::kv_state::CommandResponse;
 use crate::log_limit::SharedLogLimiter;
+use crate::metrics::grpc::{GrpcMetrics, GrpcMetricsLayer};
 use crate::pb::etcdserverpb as pb;
 use crate::pb::etcdserverpb::auth_server::{Auth, AuthServer};
 use crate::pb::etcdserverpb::cluster_server::{Cluster, ClusterServer};
@@ -226,6 +227,8 @@ pub struct EtcdApi<B> {
     /// bcrypt computations running, and those running or waiting.
     bcrypt_running: Arc<Semaphore>,
     bcrypt_admitted: Arc<Semaphore>,
+    /// Calls counted by method and code, for the metrics port.
+    grpc_metrics: Arc<GrpcMetrics>,
 }
 
 impl<B> Clone for EtcdApi<B> {
@@ -237,6 +240,7 @@ impl<B> Clone for EtcdApi<B> {
             tokens: self.tokens.clone(),
             bcrypt_running: self.bcrypt_running.clone(),
             bcrypt_admitted: self.bcrypt_admitted.clone(),
+            grpc_metrics: self.grpc_metrics.clone(),
         }
     }
 }
@@ -281,7 +285,14 @@ impl<B: Backend> EtcdApi<B> {
             tokens,
             bcrypt_running: Arc::new(Semaphore::new(running.min(Semaphore::MAX_PERMITS))),
             bcrypt_admitted: Arc::new(Semaphore::new(admitted.min(Semaphore::MAX_PERMITS))),
+            grpc_metrics: Arc::new(GrpcMetrics::default()),
         }
+    }
+
+    /// The API's call counts by method and code (`grpc_server_handled_total`
+    /// on the metrics port), kept by [`EtcdApi::serve_on`].
+    pub fn grpc_metrics(&self) -> Arc<GrpcMetrics> {
+        self.grpc_metrics.clone()
     }
 
     /// The user `credentials` name by the auth state `auth`: empty while
@@ -529,6 +540,7 @@ impl<B: Backend> EtcdApi<B> {
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(keepalive))
             .http2_keepalive_timeout(Some(keepalive))
+            .layer(GrpcMetricsLayer::new(self.grpc_metrics.clone()))
             .add_routes(routes)
             .serve_with_incoming_shutdown(ReceiverStream::new(accepted), shutdown)
             .await

@@ -25,6 +25,9 @@
 //!   (from the runtime).
 //! - [`peer`]: the TCP transport between nodes and the wire form of engine
 //!   messages (the runtime's [`ferry_runtime::transport`]).
+//! - [`metrics`]: the metrics port: Prometheus metrics (etcd's names where
+//!   the meaning is the same), gRPC call counts, `/health`, `/livez` and
+//!   `/readyz`.
 //! - [`node`]: the node: the key-value store run as one group on
 //!   `ferry-runtime`, its housekeeping, and the [`backend::Backend`] it
 //!   offers the API.
@@ -41,6 +44,7 @@ pub mod connections;
 pub mod error;
 pub mod kv_state;
 pub mod lease;
+pub mod metrics;
 pub mod mvcc;
 /// The peer transport, from the runtime.
 pub use ferry_runtime::transport as peer;

@@ -354,6 +354,21 @@ impl Transport {
             .saturating_sub(self.inbound.budget.available_permits())
     }
 
+    /// Frames queued for each peer now, waiting to be written.
+    pub fn queued_frames(&self) -> BTreeMap<NodeId, usize> {
+        self.outbound
+            .iter()
+            .map(|(id, sender)| (*id, sender.max_capacity().saturating_sub(sender.capacity())))
+            .collect()
+    }
+
+    /// Events (received frames, link changes) waiting for the runtime now.
+    pub fn events_queued(&self) -> usize {
+        self.events
+            .max_capacity()
+            .saturating_sub(self.events.capacity())
+    }
+
     /// Inbound connections open now.
     pub fn inbound_connections(&self) -> usize {
         self.inbound.gate.open_connections()

@@ -65,6 +65,16 @@ impl RaftBackend {
         }
     }
 
+    /// The key-value group's handle.
+    pub(crate) fn group(&self) -> &GroupHandle<KvMachine> {
+        &self.group
+    }
+
+    /// The runtime's host the node runs on.
+    pub(crate) fn host(&self) -> &NodeHost {
+        &self.host
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.clock_origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }

@@ -9,6 +9,7 @@ use ferry_raft::NodeId;
 
 use crate::api::ApiOptions;
 use crate::kv_state::KvLimits;
+use crate::metrics::MetricsOptions;
 use crate::tls::TlsFiles;
 use crate::watch::WatchLimits;
 
@@ -110,6 +111,13 @@ pub struct NodeConfig {
     pub peer_buffered_bytes_max: usize,
     /// The size a log segment grows to before the next one is started.
     pub wal_segment_size_bytes_max: u64,
+    /// Where to serve metrics and health over HTTP (`--listen-metrics`);
+    /// none by default.
+    pub metrics_listen: Vec<SocketAddr>,
+    /// How the metrics port bounds its clients (its per-address limit is
+    /// at most `max_connections_per_ip`; its connections are kept out of
+    /// the clients' share of descriptors).
+    pub metrics_options: MetricsOptions,
 }
 
 impl NodeConfig {
@@ -152,6 +160,8 @@ impl NodeConfig {
             peer_read_timeout: Duration::from_secs(30),
             peer_buffered_bytes_max: 256 << 20,
             wal_segment_size_bytes_max: 64 << 20,
+            metrics_listen: Vec::new(),
+            metrics_options: MetricsOptions::default(),
         }
     }
 }

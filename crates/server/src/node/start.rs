@@ -25,6 +25,7 @@ use crate::api::{ClientListener, EtcdApi};
 use crate::connections::{bind_listener, open_files_limit, split_descriptors, ConnectionLimits};
 use crate::kv_state::KvState;
 use crate::member_id::Hex;
+use crate::metrics::{serve_metrics, MetricsListener, NodeMetrics};
 use crate::state::{SharedState, StateMachine};
 use crate::tls::{ReloadableTls, TlsError, ALPN_H2};
 
@@ -86,6 +87,14 @@ pub enum StartError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The metrics port could not be bound.
+    #[error("cannot listen for metrics on {addr}: {source}; is another process using the port?")]
+    MetricsBind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
 }
 
 impl From<HostError> for StartError {
@@ -108,6 +117,8 @@ pub struct RunningNode {
     /// Every client port, with whether it serves TLS (the first is
     /// `client_addr`).
     pub client_addrs: Vec<(SocketAddr, bool)>,
+    /// Where the metrics port listens (`--listen-metrics`), if anywhere.
+    pub metrics_addrs: Vec<SocketAddr>,
     /// The certificates in use (client side, peer side), for reloading.
     pub tls: Vec<Arc<ReloadableTls>>,
     tls_watch: Option<JoinHandle<()>>,
@@ -115,6 +126,7 @@ pub struct RunningNode {
     shutdown: watch::Sender<bool>,
     housekeeping: JoinHandle<()>,
     api: JoinHandle<()>,
+    metrics: Option<JoinHandle<()>>,
 }
 
 impl RunningNode {
@@ -125,6 +137,9 @@ impl RunningNode {
         }
         let _ = self.shutdown.send(true);
         let _ = self.api.await;
+        if let Some(metrics) = self.metrics {
+            let _ = metrics.await;
+        }
         let _ = self.housekeeping.await;
         self.host.shutdown().await;
         tracing::info!("node stopped cleanly");
@@ -159,9 +174,18 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             1024
         }
     };
+    // The metrics port's connections come out of the reserve's side, so
+    // that they take nothing from the storage's share.
+    let metrics_connections = if config.metrics_listen.is_empty() {
+        0
+    } else {
+        config.metrics_options.connection_limits.connections_max
+    };
     let split = split_descriptors(
         open_files,
-        config.reserved_fds,
+        config
+            .reserved_fds
+            .saturating_add(u64::try_from(metrics_connections).unwrap_or(u64::MAX)),
         config.max_client_connections,
         config.max_peer_connections,
     );
@@ -281,6 +305,17 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     let client_addr = client_addrs
         .first()
         .map_or(config.client_listen, |(addr, _)| *addr);
+    let mut metrics_listeners = Vec::new();
+    let mut metrics_addrs = Vec::new();
+    for addr in &config.metrics_listen {
+        let bind_error = |source| StartError::MetricsBind {
+            addr: *addr,
+            source,
+        };
+        let listener = bind_listener(*addr).map_err(bind_error)?;
+        metrics_addrs.push(listener.local_addr().map_err(bind_error)?);
+        metrics_listeners.push(MetricsListener { listener });
+    }
     let tls: Vec<Arc<ReloadableTls>> = client_tls.into_iter().chain(peer_tls).collect();
     let tls_watch = (!tls.is_empty())
         .then(|| crate::tls::spawn_reload_watch(tls.clone(), config.tls_reload_interval));
@@ -300,6 +335,18 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         crate::auth_token::Tokens::new(&api_options.auth.token, api_options.auth.token_ttl)
             .map_err(StartError::AuthTokens)?;
     let api = EtcdApi::with_tokens(backend.clone(), api_options, Arc::new(tokens));
+    let metrics_task = (!metrics_listeners.is_empty()).then(|| {
+        let node_metrics = NodeMetrics::new(backend.clone(), api.grpc_metrics());
+        let mut options = config.metrics_options;
+        options.connection_limits.connections_per_ip_max =
+            options.connection_limits.connections_per_ip_max.min(per_ip);
+        tokio::spawn(serve_metrics(
+            metrics_listeners,
+            node_metrics,
+            options,
+            shutdown_rx.clone(),
+        ))
+    });
     let mut api_shutdown = shutdown_rx.clone();
     let api_task = tokio::spawn(async move {
         let stop = async move {
@@ -326,12 +373,14 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         client_addr,
         peer_addr,
         client_addrs,
+        metrics_addrs,
         tls,
         tls_watch,
         host,
         shutdown,
         housekeeping,
         api: api_task,
+        metrics: metrics_task,
     })
 }
 
