@@ -712,7 +712,7 @@ impl MvccStore {
 
     /// A view of every version that later writes do not change (for a
     /// snapshot written out elsewhere); read it through
-    /// [`compacted_versions`] to see it as compaction left it.
+    /// the compaction (as snapshots do) to see it as compaction left it.
     pub fn view(&self) -> StoreView<AnyDisk> {
         self.versions.view_copy(0, Bytes::new())
     }
