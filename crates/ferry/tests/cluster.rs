@@ -749,13 +749,22 @@ fn big_value(i: usize, size_bytes: usize) -> Vec<u8> {
 /// holds the whole state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_receiving_a_large_snapshot_answers_every_request_and_catches_up() {
+    a_follower_receives_a_large_snapshot("big-snapshot", &[]).await;
+}
+
+/// The same with the state on disk: the follower is sent the leader's
+/// state at its durable point, streamed from its runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_state_on_disk_a_follower_receiving_a_large_snapshot_answers_every_request() {
+    a_follower_receives_a_large_snapshot("big-snapshot-on-disk", &["--kv-on-disk"]).await;
+}
+
+async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) {
     const BIG_VALUES: usize = 256;
     const BIG_VALUE_BYTES: usize = 1 << 20;
-    let mut cluster = Cluster::with_args(
-        "big-snapshot",
-        3,
-        &["--snapshot-entries", "128", "--compaction-lag-entries", "4"],
-    );
+    let mut args = vec!["--snapshot-entries", "128", "--compaction-lag-entries", "4"];
+    args.extend_from_slice(extra_args);
+    let mut cluster = Cluster::with_args(name, 3, &args);
     let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
     let lagging = a_follower(leader, &[1, 2, 3]);
     cluster.kill(lagging);

@@ -1281,6 +1281,38 @@ impl KvState {
         bytes::Bytes::from(head.encode_to_vec())
     }
 
+    /// What a snapshot of the state at its durable point holds: exactly
+    /// what a reopen of the store would find (the state a follower is sent
+    /// when the state lives on disk, so that it skips no entry beyond what
+    /// the leader made durable).
+    pub fn durable_snapshot_source(&self) -> Result<SnapshotSource, KvError> {
+        let view = self.store.durable_view();
+        let mut head = if view.meta().is_empty() {
+            // Nothing flushed yet: the empty state.
+            ferrypb::Snapshot {
+                revision: 1,
+                lease_id_next: 1,
+                ..ferrypb::Snapshot::default()
+            }
+        } else {
+            ferrypb::Snapshot::decode(view.meta().as_ref())
+                .map_err(|e| KvError::Storage(format!("the state beside the store: {e}")))?
+        };
+        let tail = ferrypb::Snapshot {
+            leases: std::mem::take(&mut head.leases),
+            members: std::mem::take(&mut head.members),
+            auth: head.auth.take(),
+            ..ferrypb::Snapshot::default()
+        };
+        head.versions.clear();
+        Ok(SnapshotSource {
+            compacted_revision: head.compacted_revision,
+            head,
+            view,
+            tail,
+        })
+    }
+
     /// Bytes of versions written since the last checkpoint.
     pub fn unflushed_bytes(&self) -> usize {
         self.store.unflushed_bytes()

@@ -484,6 +484,12 @@ impl MvccStore {
         self.versions.finish_job(done).map_err(storage_error)
     }
 
+    /// The versions at the durable point, with the state recorded beside
+    /// them (see [`VersionStore::durable_view`]).
+    pub fn durable_view(&self) -> StoreView<AnyDisk> {
+        self.versions.durable_view()
+    }
+
     /// The applied index the versions on disk are complete up to.
     pub fn durable_marker(&self) -> u64 {
         self.versions.durable_marker()

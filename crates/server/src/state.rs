@@ -56,6 +56,12 @@ impl StateMachine {
         &self.kv
     }
 
+    /// The snapshot of the state at its durable point (see
+    /// [`KvState::durable_snapshot_source`]).
+    pub fn durable_snapshot_source(&self) -> Result<SnapshotSource, KvError> {
+        self.kv.durable_snapshot_source()
+    }
+
     /// Marks the state for the next flush (see [`KvState::checkpoint`]).
     pub fn checkpoint(&mut self) {
         self.kv.checkpoint();

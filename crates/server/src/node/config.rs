@@ -73,11 +73,9 @@ pub struct NodeConfig {
     pub heartbeat_interval_ticks: u32,
     /// Take a snapshot of the state machine after this many applied entries.
     pub snapshot_interval_entries: u64,
-    /// Keep the key-value state on disk (in the data directory's `kv/`)
-    /// instead of in memory with whole-state snapshots. Not yet the
-    /// default: a follower that receives the leader's view of a state on
-    /// disk skips the entries that view holds, and a client waiting on one
-    /// of them through that follower gets no answer (see the README).
+    /// Keep the key-value state on disk (in the data directory's `kv/`),
+    /// flushed as it is written, instead of in memory with whole-state
+    /// snapshots. Not yet the default (see the README).
     pub kv_on_disk: bool,
     /// Log entries kept behind a new snapshot, so that a follower a little
     /// behind gets entries instead of the whole snapshot.

@@ -218,12 +218,19 @@ impl KvMachine {
 }
 
 /// A consistent view of the key-value state: shared pointers to its
-/// versions, encoded on the runtime's blocking thread.
-struct KvSnapshot(SnapshotSource);
+/// versions, encoded on the runtime's blocking thread; or why none could
+/// be taken.
+enum KvSnapshot {
+    Ready(SnapshotSource),
+    Failed(String),
+}
 
 impl RuntimeSnapshotSource for KvSnapshot {
     fn write_to(&mut self, out: &mut dyn io::Write) -> io::Result<u64> {
-        self.0.write_to(|piece| out.write_all(piece))
+        match self {
+            KvSnapshot::Ready(source) => source.write_to(|piece| out.write_all(piece)),
+            KvSnapshot::Failed(reason) => Err(io::Error::other(reason.clone())),
+        }
     }
 }
 
@@ -269,7 +276,17 @@ impl StateMachine for KvMachine {
     fn query(&self, (): ()) {}
 
     fn snapshot(&self) -> Box<dyn RuntimeSnapshotSource> {
-        Box::new(KvSnapshot(self.state.lock().snapshot_source()))
+        let state = self.state.lock();
+        if self.home.is_none() {
+            return Box::new(KvSnapshot::Ready(state.snapshot_source()));
+        }
+        // On disk, a follower is sent the state at the durable point: it
+        // skips the entries that state holds, and those it skips are only
+        // what every reopen of the leader would find applied too.
+        match state.durable_snapshot_source() {
+            Ok(source) => Box::new(KvSnapshot::Ready(source)),
+            Err(error) => Box::new(KvSnapshot::Failed(error.to_string())),
+        }
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {

@@ -227,6 +227,9 @@ pub struct VersionStore<D: Disk> {
     floor: u64,
     job_running: bool,
     written_bytes: u64,
+    /// The runs as the manifest on disk names them, with its marker and
+    /// meta: the state at the durable point.
+    durable_view: StoreView<D>,
 }
 
 /// A layer for reads.
@@ -283,6 +286,12 @@ impl<D: Disk> VersionStore<D> {
             meta: manifest.meta.clone(),
             floor: manifest.floor,
         };
+        let durable_view = StoreView {
+            frozen: Vec::new(),
+            runs: runs.clone(),
+            marker: manifest.marker,
+            meta: manifest.meta.clone(),
+        };
         Ok((
             VersionStore {
                 disk,
@@ -295,6 +304,7 @@ impl<D: Disk> VersionStore<D> {
                 manifest,
                 job_running: false,
                 written_bytes: 0,
+                durable_view,
             },
             recovered,
         ))
@@ -623,7 +633,23 @@ impl<D: Disk> VersionStore<D> {
             }
         }
         self.manifest = done.manifest;
+        if let JobDoneKind::Flushed { .. } = done.kind {
+            self.durable_view = StoreView {
+                frozen: Vec::new(),
+                runs: self.runs.clone(),
+                marker: self.manifest.marker,
+                meta: self.manifest.meta.clone(),
+            };
+        }
         Ok(())
+    }
+
+    /// The state at the durable point: the runs the manifest on disk
+    /// names, its marker and meta. Unlike [`VersionStore::view`] it takes
+    /// nothing written since, so a copy of it holds exactly what a reopen
+    /// would find.
+    pub fn durable_view(&self) -> StoreView<D> {
+        self.durable_view.clone()
     }
 }
 

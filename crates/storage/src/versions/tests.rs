@@ -416,3 +416,27 @@ fn a_view_does_not_change_with_later_writes_and_merges() {
     assert_eq!(from_view, model_records(&seen));
     assert_eq!(view.marker(), 1000);
 }
+
+#[test]
+fn the_durable_view_holds_what_a_reopen_finds_and_nothing_later() {
+    let disk = SimDisk::with_seed(8);
+    let (mut store, _) = open(&disk);
+    store.put(record(b"a", 2, false, b"flushed")).unwrap();
+    store.freeze(5, Bytes::from_static(b"at 5"));
+    run_jobs(&mut store);
+    // Written after the flush: in the store, not in the durable view.
+    store.put(record(b"b", 3, false, b"later")).unwrap();
+    store.freeze(9, Bytes::from_static(b"at 9"));
+    let view = store.durable_view();
+    assert_eq!(view.marker(), 5);
+    assert_eq!(view.meta(), &Bytes::from_static(b"at 5"));
+    let held: Vec<Record> = view
+        .iter(&[], Bound::Unbounded)
+        .collect::<Result<_>>()
+        .unwrap();
+    assert_eq!(held, vec![record(b"a", 2, false, b"flushed")]);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (reopened, recovered) = open(&disk);
+    assert_eq!(recovered.marker, 5);
+    assert_eq!(all(&reopened), held);
+}
