@@ -221,7 +221,7 @@ impl KvMachine {
 /// versions, encoded on the runtime's blocking thread; or why none could
 /// be taken.
 enum KvSnapshot {
-    Ready(SnapshotSource),
+    Ready(Box<SnapshotSource>),
     Failed(String),
 }
 
@@ -278,13 +278,13 @@ impl StateMachine for KvMachine {
     fn snapshot(&self) -> Box<dyn RuntimeSnapshotSource> {
         let state = self.state.lock();
         if self.home.is_none() {
-            return Box::new(KvSnapshot::Ready(state.snapshot_source()));
+            return Box::new(KvSnapshot::Ready(Box::new(state.snapshot_source())));
         }
         // On disk, a follower is sent the state at the durable point: it
         // skips the entries that state holds, and those it skips are only
         // what every reopen of the leader would find applied too.
         match state.durable_snapshot_source() {
-            Ok(source) => Box::new(KvSnapshot::Ready(source)),
+            Ok(source) => Box::new(KvSnapshot::Ready(Box::new(source))),
             Err(error) => Box::new(KvSnapshot::Failed(error.to_string())),
         }
     }
