@@ -1140,33 +1140,42 @@ impl KvState {
     /// What a snapshot of the state at this moment holds, taken without
     /// copying any key or value (see [`SnapshotSource`]).
     pub fn snapshot_source(&self) -> SnapshotSource {
+        let (head, tail) = self.snapshot_parts();
         SnapshotSource {
-            head: ferrypb::Snapshot {
-                applied_index: self.applied_index,
-                revision: self.store.revision(),
-                compacted_revision: self.store.compacted_revision(),
-                lease_id_next: self.lease_id_next,
-                ..ferrypb::Snapshot::default()
-            },
+            head,
             view: self.store.view(),
             compacted_revision: self.store.compacted_revision(),
-            tail: ferrypb::Snapshot {
-                leases: self
-                    .leases
-                    .iter()
-                    .map(|(id, record)| ferrypb::SnapshotLease {
-                        id: *id,
-                        granted_ttl_seconds: record.granted_ttl_seconds,
-                    })
-                    .collect(),
-                members: self.members.values().cloned().collect(),
-                // Left out while untouched, so that the snapshots of a
-                // cluster that never used auth keep their earlier bytes
-                // (restoring without it gives the same untouched state).
-                auth: (self.auth != AuthStore::new()).then(|| self.auth.to_snapshot()),
-                ..ferrypb::Snapshot::default()
-            },
+            tail,
         }
+    }
+
+    /// Everything a snapshot holds but the versions: the scalar fields
+    /// (1-4) and the leases, members and auth state (fields 6-8).
+    fn snapshot_parts(&self) -> (ferrypb::Snapshot, ferrypb::Snapshot) {
+        let head = ferrypb::Snapshot {
+            applied_index: self.applied_index,
+            revision: self.store.revision(),
+            compacted_revision: self.store.compacted_revision(),
+            lease_id_next: self.lease_id_next,
+            ..ferrypb::Snapshot::default()
+        };
+        let tail = ferrypb::Snapshot {
+            leases: self
+                .leases
+                .iter()
+                .map(|(id, record)| ferrypb::SnapshotLease {
+                    id: *id,
+                    granted_ttl_seconds: record.granted_ttl_seconds,
+                })
+                .collect(),
+            members: self.members.values().cloned().collect(),
+            // Left out while untouched, so that the snapshots of a
+            // cluster that never used auth keep their earlier bytes
+            // (restoring without it gives the same untouched state).
+            auth: (self.auth != AuthStore::new()).then(|| self.auth.to_snapshot()),
+            ..ferrypb::Snapshot::default()
+        };
+        (head, tail)
     }
 
     /// Rebuilds a state machine from [`KvState::snapshot`] bytes, checking
@@ -1273,11 +1282,10 @@ impl KvState {
 
     /// Everything but the versions, as the store records it beside them.
     fn meta(&self) -> bytes::Bytes {
-        let source = self.snapshot_source();
-        let mut head = source.head;
-        head.leases = source.tail.leases;
-        head.members = source.tail.members;
-        head.auth = source.tail.auth;
+        let (mut head, tail) = self.snapshot_parts();
+        head.leases = tail.leases;
+        head.members = tail.members;
+        head.auth = tail.auth;
         bytes::Bytes::from(head.encode_to_vec())
     }
 

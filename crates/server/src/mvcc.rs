@@ -220,32 +220,10 @@ pub fn encode_version(sub_revision: u32, kv: &KeyValue) -> Bytes {
 
 /// A stored version from its record (see [`encode_version`]).
 pub fn decode_version(record: &Record) -> Result<Version, KvError> {
-    let bytes = record.value.as_ref();
-    let (head, value) = bytes.split_at_checked(28).ok_or_else(|| {
-        KvError::Storage(format!(
-            "a stored version of {} bytes is shorter than its header",
-            bytes.len()
-        ))
-    })?;
-    let number = |at: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&head[at..at + 8]);
-        i64::from_le_bytes(b)
-    };
-    let mut sub = [0u8; 4];
-    sub.copy_from_slice(&head[..4]);
-    let mod_revision = i64::try_from(record.version)
-        .map_err(|_| KvError::Storage(format!("revision {} out of range", record.version)))?;
+    let found = Found::of(record.clone())?;
     Ok(Version {
-        kv: Arc::new(KeyValue {
-            key: record.key.to_vec(),
-            create_revision: number(4),
-            mod_revision,
-            version: number(12),
-            value: value.to_vec(),
-            lease: number(20),
-        }),
-        sub_revision: u32::from_le_bytes(sub),
+        kv: Arc::new(found.to_key_value(false)),
+        sub_revision: found.sub_revision,
         tombstone: record.tombstone,
     })
 }
@@ -256,6 +234,7 @@ pub fn decode_version(record: &Record) -> Result<Version, KvError> {
 #[derive(Debug, Clone)]
 pub struct Found {
     record: Record,
+    sub_revision: u32,
     create_revision: i64,
     version: i64,
     lease: i64,
@@ -275,7 +254,10 @@ impl Found {
             b.copy_from_slice(&record.value[at..at + 8]);
             i64::from_le_bytes(b)
         };
+        let mut sub = [0u8; 4];
+        sub.copy_from_slice(&record.value[..4]);
         Ok(Found {
+            sub_revision: u32::from_le_bytes(sub),
             create_revision: number(4),
             version: number(12),
             lease: number(20),

@@ -228,6 +228,27 @@ fn header(revision: i64) -> Option<ResponseHeader> {
     })
 }
 
+/// The response that cancels watcher `watch_id` at revision `current`,
+/// saying why (and, for a compaction, from where the client may resume).
+fn cancellation(
+    watch_id: i64,
+    current: i64,
+    reason: String,
+    compact_revision: i64,
+) -> (i64, WatchResponse) {
+    (
+        watch_id,
+        WatchResponse {
+            header: header(current),
+            watch_id,
+            canceled: true,
+            compact_revision,
+            cancel_reason: reason,
+            ..WatchResponse::default()
+        },
+    )
+}
+
 /// A revision's events as notify shares them: each built once, with and
 /// without its previous value, the first time a watcher wants it so.
 struct SharedRevision<'a> {
@@ -715,33 +736,24 @@ impl WatchHub {
                 continue;
             }
             if watcher.next_revision < compacted {
-                cancelled.push((
+                cancelled.push(cancellation(
                     watch_id,
-                    WatchResponse {
-                        header: header(current),
-                        watch_id,
-                        canceled: true,
-                        compact_revision: compacted,
-                        cancel_reason: COMPACTED_REASON.to_string(),
-                        ..WatchResponse::default()
-                    },
+                    current,
+                    COMPACTED_REASON.to_string(),
+                    compacted,
                 ));
                 continue;
             }
             if current - watcher.next_revision > limits.lag_revisions_max {
-                cancelled.push((
+                cancelled.push(cancellation(
                     watch_id,
-                    WatchResponse {
-                        header: header(current),
-                        watch_id,
-                        canceled: true,
-                        cancel_reason: format!(
-                            "ferry: watcher too slow: {} revisions behind (limit {})",
-                            current - watcher.next_revision,
-                            limits.lag_revisions_max
-                        ),
-                        ..WatchResponse::default()
-                    },
+                    current,
+                    format!(
+                        "ferry: watcher too slow: {} revisions behind (limit {})",
+                        current - watcher.next_revision,
+                        limits.lag_revisions_max
+                    ),
+                    0,
                 ));
                 continue;
             }
@@ -769,16 +781,7 @@ impl WatchHub {
                     Err(error) => {
                         // This member cannot read its history: the client
                         // watches again, elsewhere.
-                        cancelled.push((
-                            watch_id,
-                            WatchResponse {
-                                header: header(current),
-                                watch_id,
-                                canceled: true,
-                                cancel_reason: error.to_string(),
-                                ..WatchResponse::default()
-                            },
-                        ));
+                        cancelled.push(cancellation(watch_id, current, error.to_string(), 0));
                         continue;
                     }
                 };

@@ -155,13 +155,15 @@ impl Manifest {
         }
     }
 
-    /// Replaces the manifest in `dir` with this one, durably.
-    pub fn write<D: Disk>(&self, disk: &D, dir: &Path) -> Result<()> {
+    /// Replaces the manifest in `dir` with this one, durably; the bytes
+    /// written.
+    pub fn write<D: Disk>(&self, disk: &D, dir: &Path) -> Result<u64> {
         let tmp: PathBuf = dir.join(MANIFEST_TMP_FILE);
         let file = disk
             .create(&tmp)
             .map_err(|e| StorageError::io("create manifest", &tmp, e))?;
-        file.append(&self.encode())
+        let bytes = self.encode();
+        file.append(&bytes)
             .map_err(|e| StorageError::io("write manifest", &tmp, e))?;
         file.sync_data()
             .map_err(|e| StorageError::io("sync manifest", &tmp, e))?;
@@ -169,6 +171,7 @@ impl Manifest {
         disk.rename(&tmp, &path)
             .map_err(|e| StorageError::io("rename manifest", &path, e))?;
         disk.sync_dir(dir)
-            .map_err(|e| StorageError::io("sync directory", dir, e))
+            .map_err(|e| StorageError::io("sync directory", dir, e))?;
+        Ok(bytes.len() as u64)
     }
 }

@@ -94,7 +94,7 @@ struct MemVersion {
 }
 
 /// Versions written since the last freeze, by key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Memtable {
     keys: BTreeMap<Bytes, Vec<MemVersion>>,
     bytes: usize,
@@ -140,8 +140,7 @@ impl Memtable {
     }
 
     fn latest(&self, key: &[u8], version_max: u64) -> Option<Record> {
-        let versions = self.keys.get(key)?;
-        let (stored_key, _) = self.keys.get_key_value(key)?;
+        let (stored_key, versions) = self.keys.get_key_value(key)?;
         versions
             .iter()
             .rev()
@@ -342,16 +341,11 @@ impl<D: Disk> VersionStore<D> {
         let mut freed = 0usize;
         let mut dropped = 0usize;
         table.keys.retain(|key, versions| {
-            let kept: Vec<MemVersion> =
-                retained(versions, floor, bottom, |v| (v.version, v.tombstone))
-                    .cloned()
-                    .collect();
-            let before: usize = versions.iter().map(|v| v.value.len()).sum();
-            let after: usize = kept.iter().map(|v| v.value.len()).sum();
-            let gone = versions.len() - kept.len();
-            freed += before - after + gone * (key.len() + RECORD_OVERHEAD_BYTES);
+            let gone = shadowed(versions, floor, bottom, |v| (v.version, v.tombstone));
+            for version in versions.drain(..gone) {
+                freed += key.len() + version.value.len() + RECORD_OVERHEAD_BYTES;
+            }
             dropped += gone;
-            *versions = kept;
             !versions.is_empty()
         });
         table.bytes = table.bytes.saturating_sub(freed);
@@ -361,12 +355,7 @@ impl<D: Disk> VersionStore<D> {
     /// A consistent view that copies the memtable instead of freezing it
     /// (a store kept in memory only, whose memtable is never flushed).
     pub fn view_copy(&self, marker: u64, meta: Bytes) -> StoreView<D> {
-        let copy = Memtable {
-            keys: self.memtable.keys.clone(),
-            bytes: self.memtable.bytes,
-            records: self.memtable.records,
-        };
-        let mut frozen = vec![Arc::new(copy)];
+        let mut frozen = vec![Arc::new(self.memtable.clone())];
         frozen.extend(self.frozen.iter().map(|f| f.table.clone()));
         StoreView {
             frozen,
@@ -777,7 +766,7 @@ impl<D: Disk> Job<D> {
         }
         write_key(&mut writer, &mut pending, self.floor, self.bottom)?;
         let summary = writer.finish()?;
-        let mut written_bytes = summary.file_bytes;
+        let written_bytes = summary.file_bytes;
         let run = if summary.records == 0 {
             // Nothing left (everything was shadowed): no run at all.
             let _ = self.disk.remove_file(&tmp);
@@ -798,8 +787,8 @@ impl<D: Disk> Job<D> {
             Some(Run::open(&self.disk, &path)?)
         };
         // The rename is made durable by the manifest's directory sync.
-        self.manifest.write(&self.disk, &self.dir)?;
-        written_bytes = written_bytes.saturating_add(64);
+        let written_bytes =
+            written_bytes.saturating_add(self.manifest.write(&self.disk, &self.dir)?);
         let (kind, retired) = match self.kind {
             JobKind::Flush { frozen_layers, .. } => {
                 (JobDoneKind::Flushed { frozen_layers }, Vec::new())
@@ -821,47 +810,35 @@ impl<D: Disk> Job<D> {
     }
 }
 
-/// Which of one key's versions (ascending) a floor leaves: from the
-/// newest at or below `floor` on (reads at the floor still see it; nobody
-/// reads the ones below it), without that newest one if it is a tombstone
-/// and `bottom` says no older layer may hold a version it hides.
-fn kept_from(
-    versions: impl DoubleEndedIterator<Item = (u64, bool)> + ExactSizeIterator,
-    floor: u64,
-) -> usize {
-    let len = versions.len();
-    let newest_at_floor = versions
-        .rev()
-        .position(|(version, _)| version <= floor)
-        .map(|from_end| len - 1 - from_end);
-    newest_at_floor.unwrap_or(0)
-}
-
-fn retained<T>(
+/// How many of one key's versions (ascending) a floor drops: those below
+/// the newest at or below `floor` (reads at the floor still see that one;
+/// nobody reads the ones below it), and that newest one too if it is a
+/// tombstone and `bottom` says no older layer may hold a version it hides.
+fn shadowed<T>(
     versions: &[T],
     floor: u64,
     bottom: bool,
     fields: impl Fn(&T) -> (u64, bool),
-) -> impl Iterator<Item = &T> {
-    let at = kept_from(versions.iter().map(&fields), floor);
-    let drop_tombstone = bottom
-        && versions
-            .get(at)
-            .map(&fields)
-            .is_some_and(|(version, tombstone)| version <= floor && tombstone);
-    versions
-        .iter()
-        .skip(if drop_tombstone { at + 1 } else { at })
+) -> usize {
+    let Some(newest) = versions.iter().rposition(|v| fields(v).0 <= floor) else {
+        return 0;
+    };
+    if bottom && fields(&versions[newest]).1 {
+        newest + 1
+    } else {
+        newest
+    }
 }
 
-/// Writes one key's versions that the floor leaves (see [`retained`]).
+/// Writes one key's versions that the floor leaves (see [`shadowed`]).
 fn write_key<D: Disk>(
     writer: &mut RunWriter<D>,
     versions: &mut Vec<Record>,
     floor: u64,
     bottom: bool,
 ) -> Result<()> {
-    for record in retained(versions, floor, bottom, |r| (r.version, r.tombstone)) {
+    let dropped = shadowed(versions, floor, bottom, |r| (r.version, r.tombstone));
+    for record in &versions[dropped..] {
         writer.push(record)?;
     }
     versions.clear();

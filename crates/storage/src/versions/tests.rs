@@ -81,6 +81,24 @@ fn put(store: &mut VersionStore<SimDisk>, model: &mut Model, r: Record) {
     store.put(r).unwrap();
 }
 
+/// `count` random writes above `version`, flushed (and merged) every 100.
+fn write_flushing(
+    store: &mut VersionStore<SimDisk>,
+    model: &mut Model,
+    rng: &mut ChaCha8Rng,
+    version: &mut u64,
+    count: u64,
+) {
+    for step in 0..count {
+        *version += 1;
+        put(store, model, random_put(rng, *version));
+        if step % 100 == 99 {
+            store.freeze(step, Bytes::new());
+            run_jobs(store);
+        }
+    }
+}
+
 #[test]
 fn reads_see_every_layer_and_a_reopen_keeps_what_was_flushed() {
     let disk = SimDisk::with_seed(1);
@@ -194,25 +212,11 @@ fn merges_drop_what_the_floor_shadows_and_keep_what_reads_see() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let mut model = Model::new();
     let mut version = 1;
-    for step in 0..3000 {
-        version += 1;
-        put(&mut store, &mut model, random_put(&mut rng, version));
-        if step % 100 == 99 {
-            store.freeze(step, Bytes::new());
-            run_jobs(&mut store);
-        }
-    }
+    write_flushing(&mut store, &mut model, &mut rng, &mut version, 3000);
     let floor = version - 200;
     store.set_floor(floor);
     // Enough new runs for a merge that reaches the oldest run.
-    for step in 0..3000 {
-        version += 1;
-        put(&mut store, &mut model, random_put(&mut rng, version));
-        if step % 100 == 99 {
-            store.freeze(step, Bytes::new());
-            run_jobs(&mut store);
-        }
-    }
+    write_flushing(&mut store, &mut model, &mut rng, &mut version, 3000);
     let stats = store.stats();
     assert!(
         stats.run_records < model.len() as u64,
@@ -391,24 +395,10 @@ fn a_view_does_not_change_with_later_writes_and_merges() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
     let mut model = Model::new();
     let mut version = 1;
-    for step in 0..1000 {
-        version += 1;
-        put(&mut store, &mut model, random_put(&mut rng, version));
-        if step % 100 == 99 {
-            store.freeze(step, Bytes::new());
-            run_jobs(&mut store);
-        }
-    }
+    write_flushing(&mut store, &mut model, &mut rng, &mut version, 1000);
     let view = store.view(1000, Bytes::from_static(b"at 1000"));
     let seen = model.clone();
-    for step in 0..2000 {
-        version += 1;
-        put(&mut store, &mut model, random_put(&mut rng, version));
-        if step % 100 == 99 {
-            store.freeze(step, Bytes::new());
-            run_jobs(&mut store);
-        }
-    }
+    write_flushing(&mut store, &mut model, &mut rng, &mut version, 2000);
     let from_view: Vec<Record> = view
         .iter(&[], Bound::Unbounded)
         .collect::<Result<_>>()
