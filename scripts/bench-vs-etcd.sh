@@ -48,6 +48,21 @@
 #   FERRY_ARGS   more `ferry serve` flags, given to every member [] (for experiments)
 #   SYSTEMS      which systems to run, in order of each round [etcd ferry]
 #   KEEP_LOGS    a folder to copy every node's log into []
+#   PRELOAD_KEYS         keys put once each before the measured phase, to
+#                        measure a store that holds data [0]
+#   PRELOAD_VALUE_BYTES  their value size [1024]
+#   PRELOAD_KEY_BYTES    their key size; keys of another size than
+#                        KEY_BYTES never clash with the measured ones [16]
+#   RESTART      1: after the measured phase, kill -9 every member, start
+#                them again on their data and time until a put commits [0]
+#
+# Besides requests/s and latency, every run reports what the members cost,
+# summed over the three processes and divided by the measured requests:
+# CPU time (utime + stime from /proc/PID/stat, before and after the
+# measured phase) and bytes written to storage (write_bytes from
+# /proc/PID/io); and each member's resident memory (VmRSS) after it.
+# With a preload, etcd gets --quota-backend-bytes of 8 GiB so that its
+# default 2 GiB quota does not stop the fill.
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -74,6 +89,14 @@ ETCD_ARGS="${ETCD_ARGS:-}"
 FERRY_ARGS="${FERRY_ARGS:-}"
 SYSTEMS="${SYSTEMS:-etcd ferry}"
 KEEP_LOGS="${KEEP_LOGS:-}"
+PRELOAD_KEYS="${PRELOAD_KEYS:-0}"
+PRELOAD_VALUE_BYTES="${PRELOAD_VALUE_BYTES:-1024}"
+PRELOAD_KEY_BYTES="${PRELOAD_KEY_BYTES:-16}"
+RESTART="${RESTART:-0}"
+if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
+  ETCD_ARGS="--quota-backend-bytes=8589934592 $ETCD_ARGS"
+fi
+CLK_TCK="$(getconf CLK_TCK)"
 
 if ! command -v etcd >/dev/null 2>&1; then
   echo "bench-vs-etcd: etcd is missing; installing Debian's etcd-server"
@@ -184,9 +207,9 @@ start_ferry() {
 }
 
 # Waits until a one-request put through every endpoint succeeds (so there is
-# a leader and every member reaches it). 60 s at most.
+# a leader and every member reaches it). WAIT_READY_S seconds at most [60].
 wait_ready() {
-  local endpoint deadline=$((SECONDS + 60)) output
+  local endpoint deadline=$((SECONDS + ${WAIT_READY_S:-60})) output
   for endpoint in "$@"; do
     while true; do
       output="$("$FERRY" bench --endpoints "$endpoint" --connections 1 --clients 1 \
@@ -195,13 +218,59 @@ wait_ready() {
         break
       fi
       if ((SECONDS > deadline)); then
-        echo "bench-vs-etcd: $endpoint did not commit a put within 60 s:"
+        echo "bench-vs-etcd: $endpoint did not commit a put within ${WAIT_READY_S:-60} s:"
         echo "$output"
         return 1
       fi
-      sleep 0.2
+      sleep 0.05
     done
   done
+}
+
+# CPU time of every running member, in clock ticks (utime + stime; the
+# fields after the command name, which may hold spaces).
+members_cpu_ticks() {
+  local pid total=0 stat fields
+  for pid in "${PIDS[@]}"; do
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || continue
+    read -r -a fields <<<"${stat##*) }"
+    total=$((total + fields[11] + fields[12]))
+  done
+  echo "$total"
+}
+
+# Bytes every running member caused to be written to storage.
+members_written_bytes() {
+  local pid total=0 bytes
+  for pid in "${PIDS[@]}"; do
+    bytes="$(sed -n 's/^write_bytes: //p' "/proc/$pid/io" 2>/dev/null)"
+    total=$((total + ${bytes:-0}))
+  done
+  echo "$total"
+}
+
+# Resident memory of each running member in MiB, as "a/b/c".
+members_rss_mib() {
+  local pid list="" kib
+  for pid in "${PIDS[@]}"; do
+    kib="$(sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$pid/status" 2>/dev/null)"
+    list+="${list:+/}$(( ${kib:-0} / 1024 ))"
+  done
+  echo "$list"
+}
+
+# Milliseconds since the epoch.
+now_ms() {
+  echo $(( $(date +%s%N) / 1000000 ))
+}
+
+# Starts the cluster of SYSTEM on DATA (fresh or not).
+start_system() {
+  if [[ "$1" == etcd ]]; then
+    start_etcd "$2"
+  else
+    start_ferry "$2"
+  fi
 }
 
 # The value of KEY in a RESULT line.
@@ -209,8 +278,26 @@ field() {
   sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<" $1"
 }
 
+# Fills the store of the running cluster with PRELOAD_KEYS keys; prints
+# the seconds it took.
+preload() {
+  local endpoints="$1" output line
+  output="$("$FERRY" bench --endpoints "$endpoints" --workload fill \
+    --key-space "$PRELOAD_KEYS" --key-bytes "$PRELOAD_KEY_BYTES" \
+    --value-bytes "$PRELOAD_VALUE_BYTES" --clients "$CLIENTS" \
+    --connections "$CONNECTIONS" --timeout-ms 60000 2>&1)"
+  line="$(grep '^RESULT ' <<<"$output")"
+  if [[ -z "$line" || "$(field "$line" errors)" != 0 ]]; then
+    echo "bench-vs-etcd: the preload failed:" >&2
+    echo "$output" >&2
+    return 1
+  fi
+  field "$line" elapsed_s
+}
+
 # One run: SYSTEM WORKLOAD ROUND. Appends "system workload round rps p50 p99
-# errors" to the results.
+# errors load_errors max_us cpu_us_per_request written_bytes_per_request
+# rss_mib_max restart_ms preload_s" to the results.
 run_one() {
   local system="$1" workload="$2" round="$3"
   local data="$DIR/$system-$workload-$round" ports endpoints="" port
@@ -218,35 +305,72 @@ run_one() {
   if [[ "$system" == etcd ]]; then
     ports=("${ETCD_CLIENT_PORTS[@]}")
     check_ports_free "${ETCD_CLIENT_PORTS[@]}" "${ETCD_PEER_PORTS[@]}" || return 1
-    start_etcd "$data"
   else
     ports=("${FERRY_CLIENT_PORTS[@]}")
     check_ports_free "${FERRY_CLIENT_PORTS[@]}" "${FERRY_PEER_PORTS[@]}" || return 1
-    start_ferry "$data"
   fi
+  start_system "$system" "$data"
   for port in "${ports[@]}"; do
     endpoints+="${endpoints:+,}127.0.0.1:$port"
   done
-  local status=0 output line
+  local status=0 output line preload_s=0 restart_ms=- cpu_before written_before
   if wait_ready ${endpoints//,/ }; then
+    if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
+      preload_s="$(preload "$endpoints")" || status=1
+    fi
+  else
+    status=1
+  fi
+  if [[ $status -eq 0 ]]; then
+    cpu_before="$(members_cpu_ticks)"
+    written_before="$(members_written_bytes)"
     # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
     output="$("$FERRY" bench --endpoints "$endpoints" --workload "$workload" \
       --requests "$REQUESTS" --warmup-requests "$WARMUP" --clients "$CLIENTS" \
       --connections "$CONNECTIONS" --key-space "$KEY_SPACE" --key-bytes "$KEY_BYTES" \
       --value-bytes "$VALUE_BYTES" $BENCH_ARGS 2>&1)"
     status=$?
+    local cpu_ticks=$(($(members_cpu_ticks) - cpu_before))
+    local written=$(($(members_written_bytes) - written_before))
+    local rss
+    rss="$(members_rss_mib)"
     line="$(grep '^RESULT ' <<<"$output")"
     if [[ $status -ne 0 || -z "$line" ]]; then
       echo "bench-vs-etcd: ferry bench failed against $system:"
       echo "$output"
       status=1
     else
+      # The warm-up ran inside the measured window too: count its requests.
+      local requests=$(( $(field "$line" requests) + $(field "$line" warmup_requests) ))
+      local cpu_us written_per rss_max
+      cpu_us="$(awk -v t="$cpu_ticks" -v hz="$CLK_TCK" -v n="$requests" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')"
+      written_per="$(awk -v b="$written" -v n="$requests" 'BEGIN { printf "%.0f", b / n }')"
+      rss_max="$(tr '/' '\n' <<<"$rss" | sort -n | tail -n 1)"
+      if [[ "$RESTART" == 1 ]]; then
+        local pid
+        for pid in "${PIDS[@]}"; do
+          kill -KILL "$pid" 2>/dev/null
+        done
+        for pid in "${PIDS[@]}"; do
+          wait "$pid" 2>/dev/null
+        done
+        PIDS=()
+        local restarted
+        restarted="$(now_ms)"
+        start_system "$system" "$data"
+        if WAIT_READY_S=600 wait_ready "127.0.0.1:${ports[0]}"; then
+          restart_ms=$(($(now_ms) - restarted))
+        else
+          status=1
+        fi
+      fi
       echo "$system round $round: $line"
+      echo "$system round $round: cpu_us_per_request=$cpu_us written_bytes_per_request=$written_per" \
+        "rss_mib=$rss preload_s=$preload_s restart_ms=$restart_ms"
       echo "$system $workload $round $(field "$line" requests_per_s) $(field "$line" p50_us)" \
-        "$(field "$line" p99_us) $(field "$line" errors) $(field "$line" load_errors)" >>"$RESULTS"
+        "$(field "$line" p99_us) $(field "$line" errors) $(field "$line" load_errors)" \
+        "$(field "$line" max_us) $cpu_us $written_per $rss_max $restart_ms $preload_s" >>"$RESULTS"
     fi
-  else
-    status=1
   fi
   stop_cluster
   if [[ -n "$KEEP_LOGS" ]]; then
@@ -269,6 +393,10 @@ echo "bench-vs-etcd: $ROUNDS rounds of: $WORKLOADS; $REQUESTS requests (+$WARMUP
   "$CLIENTS clients on $CONNECTIONS connections, $KEY_SPACE keys of $KEY_BYTES bytes," \
   "values of $VALUE_BYTES bytes${BENCH_ARGS:+; bench flags: $BENCH_ARGS}" \
   "${ETCD_ARGS:+; etcd flags: $ETCD_ARGS}${FERRY_ARGS:+; ferry serve flags: $FERRY_ARGS}"
+if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
+  echo "bench-vs-etcd: each run first puts $PRELOAD_KEYS keys of $PRELOAD_KEY_BYTES bytes with values of" \
+    "$PRELOAD_VALUE_BYTES bytes (about $((PRELOAD_KEYS * PRELOAD_VALUE_BYTES / 1000000)) MB)"
+fi
 
 failures=0
 for workload in $WORKLOADS; do
@@ -319,6 +447,30 @@ for workload in $WORKLOADS; do
 done
 echo "(req/s ratio above 1: ferry serves more; latency ratio below 1: ferry answers sooner;" \
   "errors: failed requests summed over the rounds)"
+echo
+echo "What the members cost, medians over the rounds: server CPU and bytes written per request" \
+  "(all three members), the largest member's resident memory, the slowest request," \
+  "the time to the first put after kill -9 of every member (RESTART=1)"
+printf '%-20s %9s %9s %6s | %9s %9s | %7s %7s | %9s %9s | %9s %9s\n' \
+  workload "etcd cpu" "ferry cpu" ratio "etcd wr" "ferry wr" "etcd rss" "ferry" \
+  "etcd max" "ferry max" "etcd rst" "ferry rst"
+for workload in $WORKLOADS; do
+  e_cpu="$(column_of etcd "$workload" 10 | median)"
+  f_cpu="$(column_of ferry "$workload" 10 | median)"
+  printf '%-20s %6s us %6s us %6s | %7s B %7s B | %3s MiB %3s MiB | %6s ms %6s ms | %6s ms %6s ms\n' \
+    "$workload" "$e_cpu" "$f_cpu" "$(ratio "$f_cpu" "$e_cpu")" \
+    "$(column_of etcd "$workload" 11 | median)" "$(column_of ferry "$workload" 11 | median)" \
+    "$(column_of etcd "$workload" 12 | median)" "$(column_of ferry "$workload" 12 | median)" \
+    "$(column_of etcd "$workload" 9 | median | awk '{ if ($1 == "-") print "-"; else printf "%.0f", $1 / 1000 }')" \
+    "$(column_of ferry "$workload" 9 | median | awk '{ if ($1 == "-") print "-"; else printf "%.0f", $1 / 1000 }')" \
+    "$(column_of etcd "$workload" 13 | grep -v -- - | median)" \
+    "$(column_of ferry "$workload" 13 | grep -v -- - | median)"
+done
+if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
+  echo "(preloaded: $PRELOAD_KEYS keys of $PRELOAD_KEY_BYTES bytes with values of $PRELOAD_VALUE_BYTES bytes;" \
+    "fill time, median: etcd $(column_of etcd "${WORKLOADS%% *}" 14 | median) s," \
+    "ferry $(column_of ferry "${WORKLOADS%% *}" 14 | median) s)"
+fi
 
 if [[ "$failures" -ne 0 ]]; then
   echo "bench-vs-etcd: $failures run(s) failed"

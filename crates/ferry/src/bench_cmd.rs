@@ -64,13 +64,17 @@ pub enum Workload {
     /// Read one key with a serializable range (served from the member's own
     /// replica, after every member has applied the load phase).
     RangeSerializable,
+    /// Put every key of the key space once, in order, and measure that (to
+    /// fill a store before another run: `--requests` and the warm-up do not
+    /// apply).
+    Fill,
 }
 
 impl Workload {
     /// Whether the workload reads, and so needs the key space loaded first.
     fn reads(self) -> bool {
         match self {
-            Workload::Put => false,
+            Workload::Put | Workload::Fill => false,
             Workload::RangeLinearizable | Workload::RangeSerializable => true,
         }
     }
@@ -81,6 +85,7 @@ impl Workload {
             Workload::Put => "put",
             Workload::RangeLinearizable => "range-linearizable",
             Workload::RangeSerializable => "range-serializable",
+            Workload::Fill => "fill",
         }
     }
 }
@@ -850,6 +855,23 @@ pub async fn run_bench(
         }
         _ => Settle::NotNeeded,
     };
+    if plan.workload == Workload::Fill {
+        let measured = run_phase(
+            plan,
+            &clients,
+            PhaseKind::Load,
+            plan.key_space,
+            plan.seed,
+            progress,
+        )
+        .await?;
+        return Ok(BenchReport {
+            plan: plan.clone(),
+            load,
+            settle,
+            measured,
+        });
+    }
     if plan.warmup_requests > 0 {
         // Another seed than the measurement, so the two do not ask for the
         // same keys in the same order.
@@ -1035,7 +1057,13 @@ pub fn run(args: BenchArgs) -> ExitCode {
         }
     };
     let progress = if std::io::stderr().is_terminal() {
-        ProgressBar::with_draw_target(Some(plan.requests), ProgressDrawTarget::stderr())
+        let total = match plan.workload {
+            Workload::Fill => plan.key_space,
+            Workload::Put | Workload::RangeLinearizable | Workload::RangeSerializable => {
+                plan.requests
+            }
+        };
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
     };
@@ -1396,6 +1424,35 @@ mod tests {
             summary.contains("requests     200 (200 succeeded, 0 errors)"),
             "{summary}"
         );
+        cluster.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fill_puts_every_key_once_and_nothing_else() {
+        let cluster = TestCluster::start(2).await;
+        let args = BenchArgs {
+            // Neither applies to a fill.
+            requests: 7,
+            warmup_requests: 20,
+            ..cluster.args(Workload::Fill)
+        };
+        let plan = plan(&args).unwrap();
+        let report = run_bench(&plan, &ProgressBar::hidden()).await.unwrap();
+        assert!(report.load.is_none());
+        let measured = &report.measured;
+        assert_eq!(measured.requests, 50);
+        assert_eq!(measured.succeeded, 50);
+        assert_eq!(measured.errors(), 0, "{:?}", measured.failures);
+
+        let mut kv = cluster.kv().await;
+        let (revision, pairs) = read_all(&mut kv).await;
+        assert_eq!(revision, 1 + 50);
+        assert_eq!(pairs.len(), 50);
+        for (index, (key, value)) in pairs.iter().enumerate() {
+            assert_eq!(key, &key_for(index as u64, 10));
+            assert_eq!(value, &value_for(index as u64, 64));
+        }
+        assert!(result_line(&report).contains(" workload=fill "));
         cluster.stop().await;
     }
 

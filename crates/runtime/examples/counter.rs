@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_runtime::{
-    BytesSnapshot, Command, GroupHandle, HostConfig, Membership, NodeHost, ReadConsistency,
-    RestoreError, SnapshotSource, StateMachine,
+    ApplyError, BytesSnapshot, Command, GroupHandle, HostConfig, Membership, NodeHost,
+    ReadConsistency, RestoreError, SnapshotSource, StateMachine,
 };
 
 /// The replicated state: one counter.
@@ -42,10 +42,10 @@ impl StateMachine for Counter {
 
     /// A command is a little-endian amount to add; anything else adds 0
     /// (applying must never fail or panic: every member applies it).
-    fn apply(&mut self, command: Command<'_>) -> u64 {
+    fn apply(&mut self, command: Command<'_>) -> Result<u64, ApplyError> {
         let amount = <[u8; 8]>::try_from(command.data).map_or(0, u64::from_le_bytes);
         self.0 = self.0.wrapping_add(amount);
-        self.0
+        Ok(self.0)
     }
 
     fn query(&self, (): ()) -> u64 {

@@ -50,6 +50,21 @@ pub enum GroupError {
         /// The cause.
         source: StorageError,
     },
+    /// The machine could not apply a committed command on this node (see
+    /// [`crate::ApplyError`]): the group is stopped here. The command is
+    /// committed, so it is applied on the other members and here once the
+    /// group starts again.
+    #[error(
+        "group {group} stopped on this node: its machine could not apply entry {index}: {reason}"
+    )]
+    MachineFailed {
+        /// The group.
+        group: GroupId,
+        /// The entry it could not apply.
+        index: ferry_raft::Index,
+        /// Why.
+        reason: String,
+    },
     /// A handle was used with a machine of another type than its group
     /// runs (a bug in the embedder).
     #[error("group {group} runs another kind of state machine than this handle's")]
@@ -83,6 +98,9 @@ impl GroupError {
             // Stopped while it waited: it may have been in the log.
             GroupError::NotRunning { .. } => true,
             GroupError::AppliedWithoutAnswer => true,
+            // Committed (or waiting behind a command that is): it may
+            // apply elsewhere, and here once the group starts again.
+            GroupError::MachineFailed { .. } => true,
             GroupError::AlreadyRunning { .. }
             | GroupError::Dropped
             | GroupError::Start { .. }

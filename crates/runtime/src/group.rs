@@ -17,7 +17,7 @@ use ferry_raft::{
 use crate::error::GroupError;
 use crate::log_limit::LogLimiter;
 use crate::log_task::LogRequest;
-use crate::machine::{BytesSnapshot, Command, Durability, GroupEvent, StateMachine};
+use crate::machine::{ApplyError, BytesSnapshot, Command, Durability, GroupEvent, StateMachine};
 use crate::metrics::{GroupProgress, HostMetrics};
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::stream::Outbound;
@@ -180,6 +180,9 @@ pub(crate) struct Group<M: StateMachine> {
     /// The leader last reported by the engine, to count changes.
     leader: Option<NodeId>,
     halted: bool,
+    /// The machine could not apply the entry at this index ([`ApplyError`]):
+    /// the group is stopped on this node, as a crash would stop it.
+    machine_failed: Option<(Index, String)>,
     fault_warnings: LogLimiter,
     metrics: Arc<HostMetrics>,
 }
@@ -231,6 +234,7 @@ impl<M: StateMachine> Group<M> {
             role: Role::Follower,
             leader: None,
             halted: false,
+            machine_failed: None,
             fault_warnings: LogLimiter::for_remote_input(),
             metrics,
         }
@@ -254,9 +258,12 @@ impl<M: StateMachine> Group<M> {
             if changed {
                 view.config = self.node.config().clone();
             }
-            view.role = self.role;
+            // A group stopped for its machine leads nothing, whatever the
+            // engine's frozen state says.
+            let stopped = self.machine_failed.is_some();
+            view.role = if stopped { Role::Follower } else { self.role };
             view.term = self.node.term();
-            view.leader = self.node.leader();
+            view.leader = if stopped { None } else { self.node.leader() };
             view.commit = self.node.commit_index();
             view.durable_index = self.node.durable_index();
             view.applied = self.applied;
@@ -264,7 +271,11 @@ impl<M: StateMachine> Group<M> {
             view.quiescent = self.node.is_quiescent();
             view.removed = self.node.is_removed();
             if view.halted.is_none() {
-                view.halted = self.node.halted().map(ToString::to_string);
+                view.halted = self.node.halted().map(ToString::to_string).or_else(|| {
+                    self.machine_failed
+                        .as_ref()
+                        .map(|(index, reason)| machine_failed_text(*index, reason))
+                });
             }
             view.last_index = self.node.last_index();
             changed
@@ -291,6 +302,10 @@ impl<M: StateMachine> Group<M> {
     /// [`Group::step`] without publishing the view; returns how many
     /// actions the step produced.
     fn step_unpublished(&mut self, input: Input, out: &mut Outbox) -> usize {
+        if self.machine_failed.is_some() {
+            // Stopped: the engine takes nothing more, as on a crashed node.
+            return 0;
+        }
         let mut actions = std::mem::take(&mut self.actions);
         self.node.step(input, &mut actions);
         let count = actions.len();
@@ -302,6 +317,10 @@ impl<M: StateMachine> Group<M> {
     }
 
     fn request(&mut self, request: Request, waiter: Waiter<M>, out: &mut Outbox) {
+        if let Some(error) = self.machine_failed_error() {
+            waiter.fail(error);
+            return;
+        }
         let id = RequestId(self.next_request);
         self.next_request += 1;
         self.waiting.insert(id, waiter);
@@ -309,6 +328,11 @@ impl<M: StateMachine> Group<M> {
     }
 
     fn act(&mut self, action: Action, out: &mut Outbox) {
+        if self.machine_failed.is_some() {
+            // The rest of the step that stopped the group is dropped with
+            // the engine.
+            return;
+        }
         match action {
             Action::Persist(request) => out.log.push(LogRequest::Append {
                 group: self.id,
@@ -324,6 +348,9 @@ impl<M: StateMachine> Group<M> {
                 }
                 for entry in entries {
                     self.apply(entry.index, entry.term, &entry.payload);
+                    if self.machine_failed.is_some() {
+                        return;
+                    }
                 }
                 self.answer_reads();
                 self.maybe_snapshot(out);
@@ -464,12 +491,22 @@ impl<M: StateMachine> Group<M> {
                     return;
                 };
                 let answered = matches!(waiter, Some(Applying::Propose(_)));
-                let response = machine.apply(Command {
+                let applied = machine.apply(Command {
                     index,
                     term,
                     data,
                     answered,
                 });
+                let response = match applied {
+                    Ok(response) => response,
+                    Err(error) => {
+                        if let Some(waiter) = waiter {
+                            waiter.fail(self.failure(index, error.reason()));
+                        }
+                        self.stop_for_machine(index, error);
+                        return;
+                    }
+                };
                 match waiter {
                     Some(Applying::Propose(reply)) => drop(reply.send(Ok(response))),
                     Some(Applying::Membership(reply)) => drop(reply.send(Err(GroupError::Dropped))),
@@ -588,6 +625,56 @@ impl<M: StateMachine> Group<M> {
         );
     }
 
+    /// The error of a machine that could not apply `index`.
+    fn failure(&self, index: Index, reason: &str) -> GroupError {
+        GroupError::MachineFailed {
+            group: self.id,
+            index,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The error every request gets once the group stopped for its machine.
+    fn machine_failed_error(&self) -> Option<GroupError> {
+        self.machine_failed
+            .as_ref()
+            .map(|(index, reason)| self.failure(*index, reason))
+    }
+
+    /// Stops the group on this node because the machine could not apply
+    /// the entry at `index`: nothing more is stepped or applied (the entry
+    /// stays unapplied, to be applied when the group starts again), every
+    /// caller is answered, and the view and the machine are told.
+    fn stop_for_machine(&mut self, index: Index, error: ApplyError) {
+        let text = machine_failed_text(index, error.reason());
+        tracing::error!(group = self.id, index, "{text}");
+        self.machine_failed = Some((index, error.reason().to_string()));
+        self.deferred.clear();
+        self.outbound.clear();
+        let (group, reason) = (self.id, error.reason().to_string());
+        let failure = || GroupError::MachineFailed {
+            group,
+            index,
+            reason: reason.clone(),
+        };
+        for (_, waiter) in std::mem::take(&mut self.waiting) {
+            waiter.fail(failure());
+        }
+        for (_, (_, waiter)) in std::mem::take(&mut self.applying) {
+            waiter.fail(failure());
+        }
+        for (_, reads) in std::mem::take(&mut self.reads) {
+            for read in reads {
+                match read {
+                    PendingRead::Query(_, reply) => drop(reply.send(Err(failure()))),
+                    PendingRead::Barrier(reply) => drop(reply.send(Err(failure()))),
+                }
+            }
+        }
+        self.publish();
+        self.event(GroupEvent::Halted(text));
+    }
+
     /// The machine is back from a restore: what waited for it goes on.
     fn machine_returned(&mut self, out: &mut Outbox) {
         if let Some(machine) = self.machine.as_mut() {
@@ -599,6 +686,9 @@ impl<M: StateMachine> Group<M> {
         for entry in deferred {
             if entry.index > self.applied {
                 self.apply(entry.index, entry.term, &entry.payload);
+                if self.machine_failed.is_some() {
+                    return;
+                }
             }
         }
         self.answer_reads();
@@ -608,6 +698,9 @@ impl<M: StateMachine> Group<M> {
     /// Takes a snapshot when the policy says one is due. Taking the view is
     /// cheap; writing it runs on a blocking thread of the log task.
     fn maybe_snapshot(&mut self, out: &mut Outbox) {
+        if self.machine_failed.is_some() {
+            return;
+        }
         let s = &self.snapshots;
         let Some(machine) = self.machine.as_ref() else {
             return;
@@ -652,6 +745,14 @@ impl<M: StateMachine> Group<M> {
             source,
         });
     }
+}
+
+/// How a group stopped for its machine is described (view, event, log).
+fn machine_failed_text(index: Index, reason: &str) -> String {
+    format!(
+        "the state machine could not apply entry {index} ({reason}): the group is stopped on \
+         this node until it is started again"
+    )
 }
 
 impl<M: StateMachine> GroupRun for Group<M> {

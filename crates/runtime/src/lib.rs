@@ -67,7 +67,10 @@
 //!   here is dropped (with a rate-limited warning); it never stops another
 //!   group. A failed write or sync of the shared log stops every group on
 //!   the node (nothing could be made durable any more); a shortage of file
-//!   descriptors or space is waited out.
+//!   descriptors or space is waited out. A machine that cannot apply a
+//!   committed command ([`ApplyError`]: its own disk failed) stops its
+//!   group on this node alone, as a crash would, and never skips the
+//!   command: it is applied again when the group starts again.
 //!
 //! # Example
 //!
@@ -76,7 +79,7 @@
 //!
 //! ```no_run
 //! use ferry_runtime::{
-//!     BytesSnapshot, Command, HostConfig, Membership, NodeHost, ReadConsistency,
+//!     ApplyError, BytesSnapshot, Command, HostConfig, Membership, NodeHost, ReadConsistency,
 //!     RestoreError, SnapshotSource, StateMachine,
 //! };
 //!
@@ -87,11 +90,11 @@
 //!     type Response = u64;
 //!     type Query = ();
 //!     type QueryResponse = u64;
-//!     fn apply(&mut self, command: Command<'_>) -> u64 {
+//!     fn apply(&mut self, command: Command<'_>) -> Result<u64, ApplyError> {
 //!         // Commands are little-endian amounts; anything else adds 0.
 //!         let amount = <[u8; 8]>::try_from(command.data).map_or(0, u64::from_le_bytes);
 //!         self.0 = self.0.wrapping_add(amount);
-//!         self.0
+//!         Ok(self.0)
 //!     }
 //!     fn query(&self, (): ()) -> u64 {
 //!         self.0
@@ -162,7 +165,8 @@ pub(crate) use host::Links;
 pub use host::{GroupHandle, HostConfig, Membership, NodeHost};
 pub use log_task::{LogCounters, LogFailed};
 pub use machine::{
-    BytesSnapshot, Command, Durability, GroupEvent, RestoreError, SnapshotSource, StateMachine,
+    ApplyError, BytesSnapshot, Command, Durability, GroupEvent, RestoreError, SnapshotSource,
+    StateMachine,
 };
 pub use metrics::{GroupProgress, HostMetrics, QueueDepths};
 /// The metrics crate of [`HostMetrics`], for registering them.

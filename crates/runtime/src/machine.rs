@@ -27,6 +27,40 @@ pub struct Command<'a> {
     pub answered: bool,
 }
 
+/// This member could not apply a committed command because something of its
+/// own failed (a durable machine's disk could not be read or written), not
+/// because of the command. A command that cannot be carried out gets an
+/// error *response* instead, the same on every member; this error is for
+/// what differs between members.
+///
+/// The runtime then stops the group on this node as a crash would: the
+/// command and everything after it stay unapplied here, requests waiting on
+/// the group fail with [`crate::GroupError::MachineFailed`] and new ones are
+/// refused, the other members go on without it, and the group's view and
+/// [`GroupEvent::Halted`] say why. Starting the group again (after the cause
+/// is mended) applies the command again, so the machine must leave its
+/// state as it was before the command when it returns this.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct ApplyError {
+    reason: String,
+}
+
+impl ApplyError {
+    /// An apply failure for `reason` (what failed, naming the file or
+    /// device if there is one).
+    pub fn new(reason: impl Into<String>) -> ApplyError {
+        ApplyError {
+            reason: reason.into(),
+        }
+    }
+
+    /// What failed.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
 /// Something that happened to a group on this node, for
 /// [`StateMachine::on_event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,8 +80,9 @@ pub enum GroupEvent {
     /// This node was removed from the group: it serves no more requests.
     Removed,
     /// This node halted the group on a detected fault (its log contradicts
-    /// a committed entry, say): it serves no more requests until it is
-    /// repaired. The text names the fault.
+    /// a committed entry, say) or stopped it because the machine could not
+    /// apply a command ([`ApplyError`]): it serves no more requests until it
+    /// is repaired or started again. The text names the fault.
     Halted(String),
 }
 
@@ -81,7 +116,9 @@ pub enum Durability {
 /// panic on any command: a command that cannot be carried out gets an error
 /// *response*, the same on every member. A committed command is applied on
 /// every member and again after every restart from an older snapshot, so a
-/// panic there would take every member down, for good.
+/// panic there would take every member down, for good. Only a failure of
+/// the member itself (its disk) is an [`ApplyError`], which stops the group
+/// on that member alone.
 ///
 /// [`query`](Self::query), [`snapshot`](Self::snapshot) and the methods that
 /// report indexes only read, and need not be deterministic.
@@ -95,8 +132,10 @@ pub trait StateMachine: Send + 'static {
 
     /// Applies one committed command. Called once per committed command,
     /// in log order, on every member (see the trait docs for what must be
-    /// deterministic).
-    fn apply(&mut self, command: Command<'_>) -> Self::Response;
+    /// deterministic). `Err` means this member could not apply it at all
+    /// (see [`ApplyError`]); a command that fails answers an error inside
+    /// `Self::Response`.
+    fn apply(&mut self, command: Command<'_>) -> Result<Self::Response, ApplyError>;
 
     /// Answers a query against the applied state. The runtime calls it
     /// after the consistency the caller asked for is met.

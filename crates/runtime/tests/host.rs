@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_runtime::{
-    BytesSnapshot, Command, GroupError, GroupHandle, HostConfig, Membership, NodeHost,
+    ApplyError, BytesSnapshot, Command, GroupError, GroupHandle, HostConfig, Membership, NodeHost,
     ReadConsistency, RestoreError, SnapshotPolicy, SnapshotSource, StateMachine,
 };
 
@@ -29,10 +29,10 @@ impl StateMachine for Journal {
     type Query = ();
     type QueryResponse = Vec<String>;
 
-    fn apply(&mut self, command: Command<'_>) -> usize {
+    fn apply(&mut self, command: Command<'_>) -> Result<usize, ApplyError> {
         self.lines
             .push(String::from_utf8_lossy(command.data).into_owned());
-        self.lines.len()
+        Ok(self.lines.len())
     }
 
     fn query(&self, (): ()) -> Vec<String> {
@@ -516,6 +516,9 @@ struct FileJournal {
     durable_index: u64,
     /// Commands this machine applied since it was created.
     applies: Arc<std::sync::atomic::AtomicU64>,
+    /// From this index on (0: never) its disk fails: applies answer an
+    /// [`ApplyError`] and change nothing.
+    failing_from: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FileJournal {
@@ -527,6 +530,7 @@ impl FileJournal {
             lines,
             durable_index,
             applies,
+            failing_from: Arc::default(),
         }
     }
 
@@ -560,7 +564,14 @@ impl StateMachine for FileJournal {
     type Query = ();
     type QueryResponse = Vec<String>;
 
-    fn apply(&mut self, command: Command<'_>) -> usize {
+    fn apply(&mut self, command: Command<'_>) -> Result<usize, ApplyError> {
+        let failing_from = self.failing_from.load(Ordering::SeqCst);
+        if failing_from != 0 && command.index >= failing_from {
+            return Err(ApplyError::new(format!(
+                "{}: input/output error",
+                self.path.display()
+            )));
+        }
         self.applies.fetch_add(1, Ordering::SeqCst);
         self.lines.push((
             command.index,
@@ -569,7 +580,7 @@ impl StateMachine for FileJournal {
         if self.lines.len() % 5 == 0 {
             self.save();
         }
-        self.lines.len()
+        Ok(self.lines.len())
     }
 
     fn query(&self, (): ()) -> Vec<String> {
@@ -693,6 +704,98 @@ async fn a_durable_machine_is_compacted_behind_streamed_to_a_late_member_and_not
         1,
         "commands the machine held were applied again"
     );
+}
+
+/// A member whose machine cannot apply a committed command (its disk
+/// failed) stops the group there as a crash would: it does not skip the
+/// command, its callers get `MachineFailed`, the others go on, and once it
+/// starts again it applies the command it failed on and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_cannot_apply_stops_its_group_on_that_node_and_skips_nothing() {
+    let mut cluster = Cluster::new("apply-failure", 3);
+    std::fs::create_dir_all(&cluster.dir).unwrap();
+    let mut handles = BTreeMap::new();
+    let mut failing = BTreeMap::new();
+    for id in 1..=3 {
+        let host = cluster.start(id).await.clone();
+        let machine = FileJournal::open(cluster.dir.join(format!("journal-{id}")), Arc::default());
+        failing.insert(id, machine.failing_from.clone());
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let propose_through = |handle: GroupHandle<FileJournal>, line: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match handle.propose(line.clone().into_bytes()).await {
+                Ok(length) => return length,
+                Err(error) => {
+                    assert!(
+                        !error.outcome_unknown() && Instant::now() < deadline,
+                        "{error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    };
+    let mut expected = Vec::new();
+    for i in 0..6 {
+        expected.push(format!("before-{i}"));
+        propose_through(handles[&1].clone(), expected[i].clone()).await;
+    }
+    wait_for_lines(&handles[&3], &expected, "node 3").await;
+    // Node 3's disk fails from the next entry on.
+    let next = handles[&3].view().applied + 1;
+    failing[&3].store(next, Ordering::SeqCst);
+    for i in 0..6 {
+        let line = format!("after-{i}");
+        expected.push(line.clone());
+        // Through node 1 or 2, whichever leads: node 3 may not.
+        let through = if i % 2 == 0 { 1 } else { 2 };
+        propose_through(handles[&through].clone(), line).await;
+    }
+    wait_for_lines(&handles[&1], &expected, "node 1").await;
+    wait_for_lines(&handles[&2], &expected, "node 2").await;
+    // Node 3 stopped at the entry it could not apply, and says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while handles[&3].view().halted.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never reported its failure"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let view = handles[&3].view();
+    assert_eq!(view.applied, next - 1, "node 3 applied past its failure");
+    assert!(view.leader.is_none());
+    let halted = view.halted.unwrap();
+    assert!(halted.contains(&format!("entry {next}")), "{halted}");
+    assert!(halted.contains("input/output error"), "{halted}");
+    let error = handles[&3].propose(b"refused".to_vec()).await.unwrap_err();
+    assert!(
+        matches!(error, GroupError::MachineFailed { index, .. } if index == next),
+        "{error}"
+    );
+    assert!(error.outcome_unknown());
+    let read = handles[&3]
+        .query((), ReadConsistency::Local { min_applied: None })
+        .await
+        .unwrap_err();
+    assert!(matches!(read, GroupError::MachineFailed { .. }), "{read}");
+
+    // Mended and started again, it applies what it failed on, and the rest.
+    handles.remove(&3);
+    cluster.stop(3).await;
+    let host = cluster.start(3).await.clone();
+    let machine = FileJournal::open(cluster.dir.join("journal-3"), Arc::default());
+    let restarted = host
+        .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+        .await
+        .unwrap();
+    wait_for_lines(&restarted, &expected, "node 3 after its restart").await;
 }
 
 /// The view shows a membership change once it is in force, on the node

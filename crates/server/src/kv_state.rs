@@ -611,6 +611,7 @@ impl KvState {
                 revision: self.store.revision(),
             };
         }
+        let applied_before = self.applied_index;
         self.applied_index = index;
         let bounds = KvLimits::of_command(command);
         let mut txn = WriteTxn {
@@ -630,8 +631,15 @@ impl KvState {
             },
         };
         if response.is_err() && txn.changed() {
-            // Only a txn past its response limit fails after writing.
+            // Only a txn past its response limit, or one that met a
+            // storage failure, fails after writing.
             self.undo(&mut txn);
+        }
+        if let Err(KvError::Storage(_)) = &response {
+            // This member's own failure, not the command's: the command is
+            // not applied here (the caller stops applying, and it is
+            // applied again after a restart).
+            self.applied_index = applied_before;
         }
         if txn.changed() {
             self.store.commit(txn.revision);
@@ -1166,6 +1174,7 @@ impl KvState {
                 .map(|(id, record)| ferrypb::SnapshotLease {
                     id: *id,
                     granted_ttl_seconds: record.granted_ttl_seconds,
+                    keys: record.keys.iter().cloned().collect(),
                 })
                 .collect(),
             members: self.members.values().cloned().collect(),
@@ -1213,12 +1222,49 @@ impl KvState {
         }
         let store = MvccStore::from_parts(snapshot.revision, snapshot.compacted_revision, versions)
             .map_err(CodecError::Inconsistent)?;
-        KvState::assemble(snapshot, store, limits)
+        let state = KvState::assemble(snapshot, store, limits)?;
+        state.check_lease_keys()?;
+        Ok(state)
+    }
+
+    /// Checks that the keys each lease records are exactly the keys whose
+    /// newest version names it (a scan of every key: for a snapshot that
+    /// carries every version anyway).
+    fn check_lease_keys(&self) -> Result<(), CodecError> {
+        let mut attached = 0usize;
+        let everything = KeyRange::new(&[0], &[0]);
+        for kv in self.store.scan(&everything, ReadAt::Latest) {
+            let kv = kv.map_err(|e| CodecError::Inconsistent(e.to_string()))?;
+            if kv.lease == 0 {
+                continue;
+            }
+            let recorded = self
+                .leases
+                .get(&kv.lease)
+                .is_some_and(|record| record.keys.contains(&kv.key));
+            if !recorded {
+                return Err(CodecError::Inconsistent(format!(
+                    "key {:?} is attached to lease {}, which does not record it",
+                    String::from_utf8_lossy(&kv.key),
+                    kv.lease
+                )));
+            }
+            attached += 1;
+        }
+        let recorded: usize = self.leases.values().map(|record| record.keys.len()).sum();
+        if recorded != attached {
+            return Err(CodecError::Inconsistent(format!(
+                "the leases record {recorded} attached keys, the versions attach {attached}"
+            )));
+        }
+        Ok(())
     }
 
     /// A state from the small parts of a snapshot (everything but the
     /// versions) and a store holding the versions. The keys attached to
-    /// each lease are found from the store.
+    /// each lease come from the snapshot's leases, so that a store opened
+    /// from disk is never read whole; [`KvState::restore`] checks them
+    /// against the versions it decoded.
     fn assemble(
         snapshot: ferrypb::Snapshot,
         store: MvccStore,
@@ -1226,26 +1272,15 @@ impl KvState {
     ) -> Result<KvState, CodecError> {
         let mut leases: BTreeMap<i64, LeaseRecord> = BTreeMap::new();
         for lease in snapshot.leases {
-            leases.insert(
-                lease.id,
-                LeaseRecord {
-                    granted_ttl_seconds: lease.granted_ttl_seconds,
-                    keys: BTreeSet::new(),
-                },
-            );
-        }
-        let everything = KeyRange::new(&[0], &[0]);
-        for kv in store.scan(&everything, ReadAt::Latest) {
-            let kv = kv.map_err(|e| CodecError::Inconsistent(e.to_string()))?;
-            if kv.lease != 0 {
-                let record = leases.get_mut(&kv.lease).ok_or_else(|| {
-                    CodecError::Inconsistent(format!(
-                        "key {:?} is attached to lease {} which the snapshot lacks",
-                        String::from_utf8_lossy(&kv.key),
-                        kv.lease
-                    ))
-                })?;
-                record.keys.insert(kv.key.clone());
+            let record = LeaseRecord {
+                granted_ttl_seconds: lease.granted_ttl_seconds,
+                keys: lease.keys.into_iter().collect(),
+            };
+            if leases.insert(lease.id, record).is_some() {
+                return Err(CodecError::Inconsistent(format!(
+                    "lease {} appears twice",
+                    lease.id
+                )));
             }
         }
         Ok(KvState {

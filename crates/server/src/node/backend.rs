@@ -450,9 +450,12 @@ fn api_error(error: GroupError) -> ApiError {
         // a proposal lost to a leader change the same way).
         GroupError::Dropped => ApiError::NoLeader,
         GroupError::NotRunning { .. } => ApiError::Stopped,
-        // The key-value machine is in memory: its responses are never lost
-        // this way, but the outcome is unknown to the caller.
+        // Applied from a streamed state: the outcome is unknown to the
+        // caller.
         GroupError::AppliedWithoutAnswer => ApiError::Timeout,
+        // This member's store failed: the group is stopped here (the
+        // command is committed and applies on the others).
+        GroupError::MachineFailed { .. } => ApiError::Halted(error.to_string()),
         GroupError::AlreadyRunning { .. }
         | GroupError::Start { .. }
         | GroupError::Storage { .. }

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_runtime::{
-    Command, Durability, GroupEvent, RestoreError, SnapshotSource as RuntimeSnapshotSource,
-    StateMachine,
+    ApplyError, Command, Durability, GroupEvent, RestoreError,
+    SnapshotSource as RuntimeSnapshotSource, StateMachine,
 };
 use ferry_storage::{AnyDisk, Disk, DiskFile};
 use tokio::sync::mpsc;
@@ -239,7 +239,7 @@ impl StateMachine for KvMachine {
     type Query = ();
     type QueryResponse = ();
 
-    fn apply(&mut self, command: Command<'_>) -> Self::Response {
+    fn apply(&mut self, command: Command<'_>) -> Result<Self::Response, ApplyError> {
         let now_ms = self.now_ms();
         // Read results are built only where a client waits for them; on
         // every other member (and on a replay after a restart) they would
@@ -252,9 +252,16 @@ impl StateMachine for KvMachine {
         };
         let mut state = self.state.lock();
         let applied = state.apply_bytes_with(command.index, command.data, reads);
+        if let Err(KvError::Storage(reason)) = &applied.response {
+            // The store could not be read or written here: the command is
+            // not applied on this member, which stops the group until a
+            // restart applies it again (answering the error instead would
+            // leave this member without a write the others have).
+            return Err(ApplyError::new(format!("the key-value store: {reason}")));
+        }
         state.sync_lease_clock(now_ms);
         self.maybe_checkpoint(&mut state);
-        applied.response
+        Ok(applied.response)
     }
 
     fn durability(&self) -> Durability {

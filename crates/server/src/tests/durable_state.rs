@@ -122,3 +122,39 @@ fn a_new_directory_is_an_empty_state_and_a_damaged_store_is_refused() {
     assert!(disk.corrupt_byte(&dir().join("MANIFEST"), 12));
     assert!(KvState::open(AnyDisk::Sim(disk), &dir(), KvLimits::default()).is_err());
 }
+
+/// A store that cannot be read (a damaged block of a run) fails the apply
+/// with a storage error and leaves the command unapplied (index, revision
+/// and keys as before), so that the member stops instead of skipping a
+/// write the others make.
+#[test]
+fn a_command_the_store_cannot_read_for_is_left_unapplied() {
+    use ferry_storage::Disk;
+    let disk = SimDisk::with_seed(9);
+    let mut state = KvState::open(AnyDisk::Sim(disk.clone()), &dir(), KvLimits::default()).unwrap();
+    for index in 1..=50 {
+        state.apply_bytes(index, &encode_command(&put_cmd(&format!("k{index}"), "v")));
+    }
+    state.checkpoint();
+    run_store_jobs(&mut state);
+    let runs: Vec<String> = disk
+        .list_files(&dir())
+        .unwrap()
+        .into_iter()
+        .filter(|name| name.starts_with("run-"))
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    // A byte in the first block: every key is in it.
+    assert!(disk.corrupt_byte(&dir().join(&runs[0]), 40));
+    let revision = state.store().revision();
+    // A put reads the key's previous version (its create revision).
+    let applied = state.apply_bytes(51, &encode_command(&put_cmd("k7", "new")));
+    assert!(
+        matches!(applied.response, Err(crate::error::KvError::Storage(_))),
+        "{:?}",
+        applied.response
+    );
+    assert!(applied.events.is_empty());
+    assert_eq!(state.applied_index(), 50);
+    assert_eq!(state.store().revision(), revision);
+}

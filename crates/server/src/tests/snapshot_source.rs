@@ -179,3 +179,49 @@ proptest! {
         prop_assert_eq!(reencoded_by_prost(&now), now);
     }
 }
+
+/// The keys a lease records are kept in the snapshot (a store reopened
+/// from disk reads them instead of every key) and, where the snapshot
+/// carries the versions too, checked against them: a lease that forgets a
+/// key, or names one that is not attached to it, is refused.
+#[test]
+fn a_snapshot_whose_leases_disagree_with_its_keys_is_refused() {
+    let mut m = Machine::new();
+    m.ok(grant_cmd(7, 30));
+    m.ok(grant_cmd(8, 30));
+    m.ok(put_lease_cmd("a", "1", 7));
+    m.ok(put_lease_cmd("b", "1", 7));
+    m.ok(put_cmd("c", "1"));
+    let bytes = m.kv.snapshot().unwrap();
+    let restored = KvState::restore(&bytes, KvLimits::default()).unwrap();
+    assert_eq!(restored, m.kv);
+    let body = ferrypb::Snapshot::decode(&bytes[8..bytes.len() - 4]).unwrap();
+    let lease_7 = body.leases.iter().find(|l| l.id == 7).unwrap();
+    assert_eq!(lease_7.keys, vec![b"a".to_vec(), b"b".to_vec()]);
+
+    let resealed = |change: &dyn Fn(&mut ferrypb::Snapshot)| {
+        let mut message = body.clone();
+        change(&mut message);
+        let mut again = bytes[..8].to_vec();
+        again.extend_from_slice(&message.encode_to_vec());
+        let checksum = crc32c::crc32c(&again);
+        again.extend_from_slice(&checksum.to_le_bytes());
+        KvState::restore(&again, KvLimits::default())
+            .unwrap_err()
+            .to_string()
+    };
+    let forgotten = resealed(&|s| s.leases[0].keys.pop().map_or((), drop));
+    assert!(forgotten.contains("does not record it"), "{forgotten}");
+    let extra = resealed(&|s| s.leases[0].keys.push(b"c".to_vec()));
+    assert!(extra.contains("attached keys"), "{extra}");
+    let elsewhere = resealed(&|s| {
+        let key = s.leases[0].keys.pop().unwrap();
+        s.leases[1].keys.push(key);
+    });
+    assert!(elsewhere.contains("does not record it"), "{elsewhere}");
+    let twice = resealed(&|s| {
+        let copy = s.leases[0].clone();
+        s.leases.push(copy);
+    });
+    assert!(twice.contains("appears twice"), "{twice}");
+}
