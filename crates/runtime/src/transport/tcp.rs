@@ -27,13 +27,13 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use ferry_raft::NodeId;
@@ -276,6 +276,7 @@ impl Transport {
             accept_warnings: SharedLogLimiter::for_remote_input(),
             refusal_warnings: SharedLogLimiter::for_remote_input(),
             drop_warnings: SharedLogLimiter::for_remote_input(),
+            redial: Mutex::new(BTreeMap::new()),
         });
         tokio::spawn(accept_loop(listener, inbound.clone(), shutdown_rx));
         let mut transport = Transport {
@@ -311,10 +312,17 @@ impl Transport {
         }
         let (sender, receiver) = mpsc::channel(self.config.queue_frames_max.max(1));
         self.outbound.insert(id, sender);
+        let redial = Arc::new(Notify::new());
+        self.inbound
+            .redial
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(id, redial.clone());
         tokio::spawn(outbound_loop(
             id,
             addr,
             self.config.clone(),
+            redial,
             receiver,
             self.events.clone(),
             self.stats.clone(),
@@ -326,6 +334,11 @@ impl Transport {
     pub fn remove_peer(&mut self, id: NodeId) {
         // Dropping the sender ends the peer's outbound task.
         self.outbound.remove(&id);
+        self.inbound
+            .redial
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&id);
     }
 
     /// Queues a frame for a peer. Returns false if it was shed (unknown peer,
@@ -391,6 +404,10 @@ struct Inbound {
     accept_warnings: SharedLogLimiter,
     refusal_warnings: SharedLogLimiter,
     drop_warnings: SharedLogLimiter,
+    /// Per dialed peer, what wakes its dialer out of its backoff: a peer
+    /// that connects to us is up again, so we dial it at once instead of
+    /// leaving it without our messages until the backoff ends.
+    redial: Mutex<BTreeMap<NodeId, Arc<Notify>>>,
 }
 
 async fn accept_loop(
@@ -501,6 +518,16 @@ async fn inbound_session<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let from = hello.from;
     tracing::debug!(%remote, peer = %Hex(from), "accepted a peer connection");
+    if let Some(redial) = inbound
+        .redial
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&from)
+    {
+        // At most one stored wake-up: a dialer that is connected now only
+        // skips its first backoff after its next failure.
+        redial.notify_one();
+    }
     let limits = ReadLimits {
         frame_bytes_max: config.frame_bytes_max,
         budget: Some(&inbound.budget),
@@ -671,6 +698,7 @@ async fn outbound_loop(
     peer: NodeId,
     addr: String,
     config: TransportConfig,
+    redial: Arc<Notify>,
     mut queue: mpsc::Receiver<Bytes>,
     events: mpsc::Sender<TransportEvent>,
     stats: Arc<TransportStats>,
@@ -732,6 +760,8 @@ async fn outbound_loop(
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(delay) => {}
+            // The peer connected to us: it is up, dial it now.
+            () = redial.notified() => backoff = config.reconnect_backoff_min,
         }
         if queue.is_closed() {
             return; // The peer was removed.
@@ -969,6 +999,41 @@ mod tests {
             }
         }
         a.shutdown();
+    }
+
+    /// A peer that comes back connects to us; we dial it at once instead of
+    /// leaving it without our messages until our backoff ends.
+    #[tokio::test]
+    async fn a_peer_that_connects_to_us_is_dialed_at_once_not_after_the_backoff() {
+        let (events_a, mut rx_a) = mpsc::channel(64);
+        let (events_b, _rx_b) = mpsc::channel(64);
+        // B's address, free until B starts.
+        let addr_b = std::net::TcpListener::bind(loopback())
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut config_a = TransportConfig::new(1, 42, loopback());
+        config_a.reconnect_backoff_min = Duration::from_secs(60);
+        config_a.reconnect_backoff_max = Duration::from_secs(60);
+        let mut a = Transport::start(config_a, events_a).await.unwrap();
+        a.add_peer(2, addr_b.to_string());
+        // A's first dial is refused; it now waits 30 to 60 s.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut b = Transport::start(TransportConfig::new(2, 42, addr_b), events_b)
+            .await
+            .unwrap();
+        b.add_peer(1, a.local_addr().to_string());
+        let connected = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if rx_a.recv().await == Some(TransportEvent::Connected(2)) {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(connected.is_ok(), "A waited out its backoff to dial B");
+        a.shutdown();
+        b.shutdown();
     }
 
     #[tokio::test]
