@@ -694,6 +694,7 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(30 * 365 * 24 * 3600)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn outbound_loop(
     peer: NodeId,
     addr: String,
