@@ -746,56 +746,69 @@ async fn a_machine_that_cannot_apply_stops_its_group_on_that_node_and_skips_noth
         expected.push(format!("before-{i}"));
         propose_through(handles[&1].clone(), expected[i].clone()).await;
     }
-    wait_for_lines(&handles[&3], &expected, "node 3").await;
-    // Node 3's disk fails from the next entry on.
-    let next = handles[&3].view().applied + 1;
-    failing[&3].store(next, Ordering::SeqCst);
+    // A follower's disk fails from the next entry on (a leader's failure
+    // would leave proposals in doubt until the next election).
+    let leader = handles[&1].view().leader.expect("a leader answered");
+    let victim = (1..=3).find(|id| *id != leader).unwrap();
+    let others: Vec<u64> = (1..=3).filter(|id| *id != victim).collect();
+    wait_for_lines(&handles[&victim], &expected, "the follower").await;
+    let next = handles[&victim].view().applied + 1;
+    failing[&victim].store(next, Ordering::SeqCst);
     for i in 0..6 {
         let line = format!("after-{i}");
         expected.push(line.clone());
-        // Through node 1 or 2, whichever leads: node 3 may not.
-        let through = if i % 2 == 0 { 1 } else { 2 };
-        propose_through(handles[&through].clone(), line).await;
+        propose_through(handles[&others[i % 2]].clone(), line).await;
     }
-    wait_for_lines(&handles[&1], &expected, "node 1").await;
-    wait_for_lines(&handles[&2], &expected, "node 2").await;
-    // Node 3 stopped at the entry it could not apply, and says so.
+    for id in &others {
+        wait_for_lines(&handles[id], &expected, "a healthy member").await;
+    }
+    // The follower stopped at the entry it could not apply, and says so.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while handles[&3].view().halted.is_none() {
+    while handles[&victim].view().halted.is_none() {
         assert!(
             Instant::now() < deadline,
-            "node 3 never reported its failure"
+            "the follower never reported its failure"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let view = handles[&3].view();
-    assert_eq!(view.applied, next - 1, "node 3 applied past its failure");
+    let view = handles[&victim].view();
+    assert_eq!(
+        view.applied,
+        next - 1,
+        "the follower applied past its failure"
+    );
     assert!(view.leader.is_none());
     let halted = view.halted.unwrap();
     assert!(halted.contains(&format!("entry {next}")), "{halted}");
     assert!(halted.contains("input/output error"), "{halted}");
-    let error = handles[&3].propose(b"refused".to_vec()).await.unwrap_err();
+    let error = handles[&victim]
+        .propose(b"refused".to_vec())
+        .await
+        .unwrap_err();
     assert!(
         matches!(error, GroupError::MachineFailed { index, .. } if index == next),
         "{error}"
     );
     assert!(error.outcome_unknown());
-    let read = handles[&3]
+    let read = handles[&victim]
         .query((), ReadConsistency::Local { min_applied: None })
         .await
         .unwrap_err();
     assert!(matches!(read, GroupError::MachineFailed { .. }), "{read}");
 
     // Mended and started again, it applies what it failed on, and the rest.
-    handles.remove(&3);
-    cluster.stop(3).await;
-    let host = cluster.start(3).await.clone();
-    let machine = FileJournal::open(cluster.dir.join("journal-3"), Arc::default());
+    handles.remove(&victim);
+    cluster.stop(victim).await;
+    let host = cluster.start(victim).await.clone();
+    let machine = FileJournal::open(
+        cluster.dir.join(format!("journal-{victim}")),
+        Arc::default(),
+    );
     let restarted = host
         .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
         .await
         .unwrap();
-    wait_for_lines(&restarted, &expected, "node 3 after its restart").await;
+    wait_for_lines(&restarted, &expected, "the follower after its restart").await;
 }
 
 /// The view shows a membership change once it is in force, on the node
