@@ -258,6 +258,19 @@ pub struct BenchPlan {
     pub timeout: Duration,
 }
 
+impl BenchPlan {
+    /// Requests of the measured phase: every key once for a fill,
+    /// `--requests` otherwise.
+    pub fn measured_requests(&self) -> u64 {
+        match self.workload {
+            Workload::Fill => self.key_space,
+            Workload::Put | Workload::RangeLinearizable | Workload::RangeSerializable => {
+                self.requests
+            }
+        }
+    }
+}
+
 /// Turns `host:port` or `http://host:port` into a URL tonic can dial.
 fn endpoint_url(text: &str) -> Result<String, BenchError> {
     let bad = |reason: &str| BenchError::BadEndpoint {
@@ -860,7 +873,7 @@ pub async fn run_bench(
             plan,
             &clients,
             PhaseKind::Load,
-            plan.key_space,
+            plan.measured_requests(),
             plan.seed,
             progress,
         )
@@ -1057,13 +1070,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         }
     };
     let progress = if std::io::stderr().is_terminal() {
-        let total = match plan.workload {
-            Workload::Fill => plan.key_space,
-            Workload::Put | Workload::RangeLinearizable | Workload::RangeSerializable => {
-                plan.requests
-            }
-        };
-        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+        ProgressBar::with_draw_target(Some(plan.measured_requests()), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
     };

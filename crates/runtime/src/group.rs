@@ -649,30 +649,35 @@ impl<M: StateMachine> Group<M> {
         let text = machine_failed_text(index, error.reason());
         tracing::error!(group = self.id, index, "{text}");
         self.machine_failed = Some((index, error.reason().to_string()));
-        self.deferred.clear();
-        self.outbound.clear();
         let (group, reason) = (self.id, error.reason().to_string());
-        let failure = || GroupError::MachineFailed {
+        self.drop_work(|| GroupError::MachineFailed {
             group,
             index,
             reason: reason.clone(),
-        };
+        });
+        self.publish();
+        self.event(GroupEvent::Halted(text));
+    }
+
+    /// Drops what the group had to do (deferred applies, outbound streams)
+    /// and answers every caller waiting on it with `error()`.
+    fn drop_work(&mut self, error: impl Fn() -> GroupError) {
+        self.deferred.clear();
+        self.outbound.clear();
         for (_, waiter) in std::mem::take(&mut self.waiting) {
-            waiter.fail(failure());
+            waiter.fail(error());
         }
         for (_, (_, waiter)) in std::mem::take(&mut self.applying) {
-            waiter.fail(failure());
+            waiter.fail(error());
         }
         for (_, reads) in std::mem::take(&mut self.reads) {
             for read in reads {
                 match read {
-                    PendingRead::Query(_, reply) => drop(reply.send(Err(failure()))),
-                    PendingRead::Barrier(reply) => drop(reply.send(Err(failure()))),
+                    PendingRead::Query(_, reply) => drop(reply.send(Err(error()))),
+                    PendingRead::Barrier(reply) => drop(reply.send(Err(error()))),
                 }
             }
         }
-        self.publish();
-        self.event(GroupEvent::Halted(text));
     }
 
     /// The machine is back from a restore: what waited for it goes on.
@@ -1023,22 +1028,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
     }
 
     fn stop(&mut self) {
-        self.deferred.clear();
-        self.outbound.clear();
-        for (_, waiter) in std::mem::take(&mut self.waiting) {
-            waiter.fail(GroupError::NotRunning { group: self.id });
-        }
-        for (_, (_, waiter)) in std::mem::take(&mut self.applying) {
-            waiter.fail(GroupError::NotRunning { group: self.id });
-        }
-        for (_, reads) in std::mem::take(&mut self.reads) {
-            for read in reads {
-                let error = GroupError::NotRunning { group: self.id };
-                match read {
-                    PendingRead::Query(_, reply) => drop(reply.send(Err(error))),
-                    PendingRead::Barrier(reply) => drop(reply.send(Err(error))),
-                }
-            }
-        }
+        let group = self.id;
+        self.drop_work(|| GroupError::NotRunning { group });
     }
 }

@@ -313,11 +313,7 @@ impl Transport {
         let (sender, receiver) = mpsc::channel(self.config.queue_frames_max.max(1));
         self.outbound.insert(id, sender);
         let redial = Arc::new(Notify::new());
-        self.inbound
-            .redial
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(id, redial.clone());
+        self.inbound.redial_wakers().insert(id, redial.clone());
         tokio::spawn(outbound_loop(
             id,
             addr,
@@ -334,11 +330,7 @@ impl Transport {
     pub fn remove_peer(&mut self, id: NodeId) {
         // Dropping the sender ends the peer's outbound task.
         self.outbound.remove(&id);
-        self.inbound
-            .redial
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&id);
+        self.inbound.redial_wakers().remove(&id);
     }
 
     /// Queues a frame for a peer. Returns false if it was shed (unknown peer,
@@ -408,6 +400,16 @@ struct Inbound {
     /// that connects to us is up again, so we dial it at once instead of
     /// leaving it without our messages until the backoff ends.
     redial: Mutex<BTreeMap<NodeId, Arc<Notify>>>,
+}
+
+impl Inbound {
+    /// The dialers' wake-ups by peer (a poisoned lock still holds a whole
+    /// map: each change is one insert or remove).
+    fn redial_wakers(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, Arc<Notify>>> {
+        self.redial
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 async fn accept_loop(
@@ -518,12 +520,7 @@ async fn inbound_session<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let from = hello.from;
     tracing::debug!(%remote, peer = %Hex(from), "accepted a peer connection");
-    if let Some(redial) = inbound
-        .redial
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .get(&from)
-    {
+    if let Some(redial) = inbound.redial_wakers().get(&from) {
         // At most one stored wake-up: a dialer that is connected now only
         // skips its first backoff after its next failure.
         redial.notify_one();
