@@ -141,6 +141,37 @@ struct Receiving {
     chunks: Vec<Bytes>,
 }
 
+/// Reads received chunks in order without joining them; each is freed
+/// once read.
+struct ChunkReader {
+    chunks: std::vec::IntoIter<Bytes>,
+    current: Bytes,
+}
+
+impl ChunkReader {
+    fn new(chunks: Vec<Bytes>) -> ChunkReader {
+        ChunkReader {
+            chunks: chunks.into_iter(),
+            current: Bytes::new(),
+        }
+    }
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.next() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let count = out.len().min(self.current.len());
+        out[..count].copy_from_slice(&self.current[..count]);
+        self.current = self.current.slice(count..);
+        Ok(count)
+    }
+}
+
 /// One group of machine `M`.
 pub(crate) struct Group<M: StateMachine> {
     id: GroupId,
@@ -909,10 +940,11 @@ impl<M: StateMachine> GroupRun for Group<M> {
                         let workers = self.workers.clone();
                         let group = self.id;
                         tokio::task::spawn_blocking(move || {
-                            let bytes = receiving.chunks.concat();
+                            let bytes = receiving.chunks.iter().map(|c| c.len() as u64).sum();
+                            let mut reader = ChunkReader::new(receiving.chunks);
                             let outcome = machine
-                                .restore(&bytes)
-                                .map(|()| bytes.len() as u64)
+                                .restore(&mut reader)
+                                .map(|()| bytes)
                                 .map_err(|e| e.to_string());
                             workers.complete(
                                 group,

@@ -421,10 +421,12 @@ impl NodeHost {
                     group,
                     reason: format!("its snapshot {index} is missing"),
                 })?;
-            machine.restore(&data).map_err(|error| GroupError::Start {
-                group,
-                reason: format!("snapshot {index}: {error}"),
-            })?;
+            machine
+                .restore(&mut &data[..])
+                .map_err(|error| GroupError::Start {
+                    group,
+                    reason: format!("snapshot {index}: {error}"),
+                })?;
             snapshot_bytes = data.len() as u64;
         }
         let mut options = self.inner.config.engine.clone();

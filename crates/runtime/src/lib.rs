@@ -102,8 +102,9 @@
 //!     fn snapshot(&self) -> Box<dyn SnapshotSource> {
 //!         Box::new(BytesSnapshot(self.0.to_le_bytes().to_vec().into()))
 //!     }
-//!     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-//!         let bytes = <[u8; 8]>::try_from(snapshot).map_err(|_| RestoreError::new("not 8 bytes"))?;
+//!     fn restore(&mut self, snapshot: &mut dyn std::io::Read) -> Result<(), RestoreError> {
+//!         let mut bytes = [0u8; 8];
+//!         snapshot.read_exact(&mut bytes).map_err(|_| RestoreError::new("not 8 bytes"))?;
 //!         self.0 = u64::from_le_bytes(bytes);
 //!         Ok(())
 //!     }

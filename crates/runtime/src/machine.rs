@@ -179,14 +179,16 @@ pub trait StateMachine: Send + 'static {
     }
 
     /// Replaces the state with the one a snapshot holds (written by
-    /// [`SnapshotSource::write_to`] on this or another member). The snapshot
-    /// was checksummed in transit and at rest; an error here means the
-    /// bytes do not decode as this machine's state, and the runtime refuses
-    /// the snapshot (the leader sends it again). On an error the state must
-    /// be left as it was (decode first, then replace). Runs on a blocking
+    /// [`SnapshotSource::write_to`] on this or another member), read from
+    /// `snapshot` as a stream: a machine that keeps its state on disk can
+    /// write it as it reads, in bounded memory. The snapshot was
+    /// checksummed in transit and at rest; an error here means the bytes do
+    /// not decode as this machine's state, and the runtime refuses the
+    /// snapshot (the leader sends it again). On an error the state must be
+    /// left as it was (decode first, then replace). Runs on a blocking
     /// thread (decoding a large state takes a while); the group applies
     /// nothing and answers no query meanwhile.
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
+    fn restore(&mut self, snapshot: &mut dyn io::Read) -> Result<(), RestoreError>;
 }
 
 /// A consistent view of a machine's state, written out on a blocking

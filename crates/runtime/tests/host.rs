@@ -43,7 +43,12 @@ impl StateMachine for Journal {
         Box::new(BytesSnapshot(self.lines.join("\n").into_bytes().into()))
     }
 
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+    fn restore(&mut self, snapshot: &mut dyn std::io::Read) -> Result<(), RestoreError> {
+        let mut snapshot_bytes = Vec::new();
+        snapshot
+            .read_to_end(&mut snapshot_bytes)
+            .map_err(|e| RestoreError::new(e.to_string()))?;
+        let snapshot = snapshot_bytes.as_slice();
         if self
             .refuse_restores
             .as_ref()
@@ -591,7 +596,12 @@ impl StateMachine for FileJournal {
         Box::new(BytesSnapshot(self.encode().into_bytes().into()))
     }
 
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+    fn restore(&mut self, snapshot: &mut dyn std::io::Read) -> Result<(), RestoreError> {
+        let mut snapshot_bytes = Vec::new();
+        snapshot
+            .read_to_end(&mut snapshot_bytes)
+            .map_err(|e| RestoreError::new(e.to_string()))?;
+        let snapshot = snapshot_bytes.as_slice();
         let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
         self.lines = Self::parse(text);
         self.save();

@@ -128,6 +128,9 @@ pub enum CodecError {
     /// The snapshot decodes but its contents contradict each other.
     #[error("snapshot is inconsistent: {0}")]
     Inconsistent(String),
+    /// The snapshot could not be read from where it is kept.
+    #[error("reading the snapshot: {0}")]
+    Read(String),
 }
 
 /// Why an API call failed, beyond the state machine's own refusals.

@@ -6,14 +6,19 @@
 //! all: everything that could refuse it is checked before the first write.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
 use std::sync::Arc;
 
+use ferry_storage::versions::{BulkLoad, JobLane};
 use prost::Message;
 
 use crate::auth::{Access, AuthError, AuthStore};
 use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
-use crate::mvcc::{kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, Version};
+use crate::mvcc::{
+    kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, SnapshotVersionCheck,
+    Version,
+};
 use crate::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::pb::etcdserverpb::request_op::Request;
 use crate::pb::etcdserverpb::response_op::Response;
@@ -26,6 +31,7 @@ use crate::pb::ferrypb::{
     self, CommandBounds, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand,
 };
 use crate::pb::mvccpb::{Event, KeyValue};
+use crate::snapshot_reader::{SnapshotReader, SNAPSHOT_MAGIC};
 use ferry_storage::versions::StoreView;
 use std::path::Path;
 
@@ -35,6 +41,10 @@ use ferry_storage::Disk;
 pub type StoreJob = ferry_storage::versions::Job<AnyDisk>;
 /// What a [`StoreJob`] did.
 pub type StoreJobResult = ferry_storage::Result<ferry_storage::versions::JobDone<AnyDisk>>;
+/// The manifest write that makes a finished [`StoreJob`] durable.
+pub type StoreManifestWrite = ferry_storage::versions::ManifestWrite<AnyDisk>;
+/// A [`StoreManifestWrite`] done.
+pub type StoreManifestWritten = ferry_storage::versions::ManifestWritten<AnyDisk>;
 use ferry_storage::AnyDisk;
 
 /// Largest TTL a lease may have, in seconds (etcd's MaxLeaseTTL).
@@ -288,9 +298,6 @@ impl WriteTxn {
 /// response limit, so that a scan of a large range stops soon after the
 /// limit is passed.
 const TXN_SCAN_STEP_KEYS: usize = 4096;
-
-/// Magic at the start of every snapshot.
-const SNAPSHOT_MAGIC: &[u8; 8] = b"FERRYKV1";
 
 impl KvState {
     /// An empty state machine.
@@ -1190,41 +1197,78 @@ impl KvState {
     /// Rebuilds a state machine from [`KvState::snapshot`] bytes, checking
     /// the magic, the checksum and the consistency of the contents.
     pub fn restore(bytes: &[u8], limits: KvLimits) -> Result<KvState, CodecError> {
-        let trailer = 4;
-        if bytes.len() < SNAPSHOT_MAGIC.len() + trailer {
-            return Err(CodecError::Truncated {
-                size_bytes: bytes.len(),
-            });
+        let mut source = bytes;
+        KvState::restore_from(&mut source, limits)
+    }
+
+    /// The same, read from `source` as a stream, into memory.
+    pub fn restore_from(source: &mut dyn Read, limits: KvLimits) -> Result<KvState, CodecError> {
+        let mut reader = SnapshotReader::new(source)?;
+        let mut versions = Vec::new();
+        while let Some(version) = reader.next_version()? {
+            versions.push(snapshot_version(version)?);
         }
-        let (body, stored) = bytes.split_at(bytes.len() - trailer);
-        let mut stored_bytes = [0u8; 4];
-        stored_bytes.copy_from_slice(stored);
-        let stored = u32::from_le_bytes(stored_bytes);
-        let computed = crc32c::crc32c(body);
-        if !body.starts_with(SNAPSHOT_MAGIC) {
-            return Err(CodecError::BadMagic);
-        }
-        if stored != computed {
-            return Err(CodecError::ChecksumMismatch { stored, computed });
-        }
-        let mut snapshot = ferrypb::Snapshot::decode(&body[SNAPSHOT_MAGIC.len()..])
-            .map_err(|e| CodecError::Malformed(e.to_string()))?;
-        let mut versions = Vec::with_capacity(snapshot.versions.len());
-        for version in std::mem::take(&mut snapshot.versions) {
-            let kv = version
-                .kv
-                .ok_or_else(|| CodecError::Inconsistent("a version without a key-value".into()))?;
-            versions.push(Version {
-                kv: Arc::new(kv),
-                sub_revision: version.sub_revision,
-                tombstone: version.tombstone,
-            });
-        }
+        let snapshot = reader.finish()?;
         let store = MvccStore::from_parts(snapshot.revision, snapshot.compacted_revision, versions)
             .map_err(CodecError::Inconsistent)?;
         let state = KvState::assemble(snapshot, store, limits)?;
         state.check_lease_keys()?;
         Ok(state)
+    }
+
+    /// The same, read from `source` as a stream and written as it comes
+    /// into a new store in `dir` on `disk` (whose files are removed
+    /// first), durable when this returns. It takes the memory of one
+    /// version and a block, never of the whole state; on an error the
+    /// directory holds no store.
+    pub fn restore_into(
+        source: &mut dyn Read,
+        disk: AnyDisk,
+        dir: &Path,
+        limits: KvLimits,
+    ) -> Result<KvState, CodecError> {
+        let storage = |e: ferry_storage::StorageError| CodecError::Read(e.to_string());
+        ferry_storage::disk::create_dir_durably(&disk, dir).map_err(storage)?;
+        let clear = || -> Result<(), CodecError> {
+            let leftovers = disk
+                .list_files(dir)
+                .map_err(|e| CodecError::Read(format!("list {}: {e}", dir.display())))?;
+            for name in leftovers {
+                let path = dir.join(name);
+                disk.remove_file(&path)
+                    .map_err(|e| CodecError::Read(format!("remove {}: {e}", path.display())))?;
+            }
+            Ok(())
+        };
+        clear()?;
+        let loaded = (|| -> Result<KvState, CodecError> {
+            let mut reader = SnapshotReader::new(source)?;
+            let mut load = BulkLoad::create(disk.clone(), dir).map_err(storage)?;
+            let mut check = SnapshotVersionCheck::default();
+            while let Some(version) = reader.next_version()? {
+                let record = check
+                    .check(&snapshot_version(version)?)
+                    .map_err(CodecError::Inconsistent)?;
+                load.push(&record).map_err(storage)?;
+            }
+            let snapshot = reader.finish()?;
+            crate::mvcc::check_positions(snapshot.revision, snapshot.compacted_revision)
+                .map_err(CodecError::Inconsistent)?;
+            check
+                .finish(snapshot.revision)
+                .map_err(CodecError::Inconsistent)?;
+            let floor = crate::mvcc::versions_floor_of(snapshot.compacted_revision);
+            let meta = bytes::Bytes::from(snapshot.encode_to_vec());
+            load.finish(snapshot.applied_index, meta, floor)
+                .map_err(storage)?;
+            let state = KvState::open(disk.clone(), dir, limits)?;
+            state.check_lease_keys()?;
+            Ok(state)
+        })();
+        if loaded.is_err() {
+            let _ = clear();
+        }
+        loaded
     }
 
     /// Checks that the keys each lease records are exactly the keys whose
@@ -1369,14 +1413,24 @@ impl KvState {
     }
 
     /// The next flush or merge of the store to run (off the apply path),
-    /// if any is due and none runs.
-    pub fn next_store_job(&mut self) -> Option<StoreJob> {
-        self.store.next_job()
+    /// if one of `lane` is due and none of that lane runs.
+    pub fn next_store_job(&mut self, lane: JobLane) -> Option<StoreJob> {
+        self.store.next_job(lane)
     }
 
-    /// Installs what a store job did.
-    pub fn finish_store_job(&mut self, done: StoreJobResult) -> Result<(), KvError> {
-        self.store.finish_job(done)
+    /// Installs what a store job did; the write returned (to commit
+    /// without the state's lock) makes it durable.
+    pub fn finish_store_job(
+        &mut self,
+        lane: JobLane,
+        done: StoreJobResult,
+    ) -> Result<StoreManifestWrite, KvError> {
+        self.store.finish_job(lane, done)
+    }
+
+    /// Records a store manifest written: the durable index moves.
+    pub fn store_manifest_written(&mut self, written: StoreManifestWritten) {
+        self.store.manifest_written(written);
     }
 
     /// The applied index the state on disk is complete up to.
@@ -1384,46 +1438,22 @@ impl KvState {
         self.store.durable_marker()
     }
 
-    /// A copy of this state kept on `disk` in `dir` (whose files are
-    /// removed first), durable when this returns: how a state restored
-    /// from a leader's snapshot is put on disk.
-    pub fn persist_into(&self, disk: AnyDisk, dir: &Path) -> Result<KvState, KvError> {
-        let storage = |e: ferry_storage::StorageError| KvError::Storage(e.to_string());
-        ferry_storage::disk::create_dir_durably(&disk, dir).map_err(storage)?;
-        let leftovers = disk
-            .list_files(dir)
-            .map_err(|e| KvError::Storage(format!("list {}: {e}", dir.display())))?;
-        for name in leftovers {
-            let path = dir.join(name);
-            disk.remove_file(&path)
-                .map_err(|e| KvError::Storage(format!("remove {}: {e}", path.display())))?;
-        }
-        let (mut store, _) = MvccStore::open(disk, dir).map_err(storage)?;
-        store
-            .set_positions(self.store.revision(), self.store.compacted_revision())
-            .map_err(KvError::Storage)?;
-        self.store
-            .for_each_compacted(|version| store.insert_version(&version))?;
-        let mut copy = KvState {
-            store,
-            leases: self.leases.clone(),
-            lease_id_next: self.lease_id_next,
-            applied_index: self.applied_index,
-            limits: self.limits.clone(),
-            members: self.members.clone(),
-            auth: self.auth.clone(),
-        };
-        copy.checkpoint();
-        while let Some(job) = copy.next_store_job() {
-            copy.finish_store_job(job.run())?;
-        }
-        Ok(copy)
-    }
-
     /// Where members added at run time can be reached, by id.
     pub fn member_records(&self) -> &BTreeMap<u64, ferrypb::MemberRecordCommand> {
         &self.members
     }
+}
+
+/// A version as a snapshot carries it, as the store holds it.
+fn snapshot_version(version: ferrypb::SnapshotVersion) -> Result<Version, CodecError> {
+    let kv = version
+        .kv
+        .ok_or_else(|| CodecError::Inconsistent("a version without a key-value".into()))?;
+    Ok(Version {
+        kv: Arc::new(kv),
+        sub_revision: version.sub_revision,
+        tombstone: version.tombstone,
+    })
 }
 
 /// Bytes [`SnapshotSource::write_to`] gathers before handing them on.

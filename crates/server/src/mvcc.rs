@@ -12,7 +12,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ferry_storage::versions::{Record, StoreView, VersionStore, VersionStoreOptions};
+use ferry_storage::versions::{
+    JobLane, ManifestWrite, ManifestWritten, Record, StoreView, VersionStore, VersionStoreOptions,
+};
 use ferry_storage::AnyDisk;
 
 use crate::error::KvError;
@@ -204,6 +206,89 @@ const IN_MEMORY_DIR: &str = "/kv";
 /// The version-store version of a revision (revisions are at least 1).
 fn version_of(revision: i64) -> u64 {
     u64::try_from(revision).unwrap_or(0)
+}
+
+/// The compaction floor of the version store for a compacted revision:
+/// versions below it that a newer one at or below it shadows may go.
+pub fn versions_floor_of(compacted_revision: i64) -> u64 {
+    version_of(compacted_revision).saturating_sub(1)
+}
+
+/// The version store's record of a stored version.
+pub fn record_of(version: &Version) -> Record {
+    Record {
+        key: Bytes::copy_from_slice(&version.kv.key),
+        version: version_of(version.kv.mod_revision),
+        tombstone: version.tombstone,
+        value: encode_version(version.sub_revision, &version.kv),
+    }
+}
+
+/// Checks that a store's revision and compaction fit together.
+pub fn check_positions(revision: i64, compacted_revision: i64) -> Result<(), String> {
+    if revision < 1 || compacted_revision < 0 || compacted_revision > revision {
+        return Err(format!(
+            "revision {revision} and compacted revision {compacted_revision} do not fit"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the versions a snapshot brings as they arrive, in store order:
+/// keys not empty and in order, each key's versions in revision order,
+/// revisions from 1 up to the snapshot's revision (known only at the end
+/// when the versions are streamed: see [`SnapshotVersionCheck::finish`]).
+#[derive(Debug, Default)]
+pub struct SnapshotVersionCheck {
+    last: Option<(Vec<u8>, i64)>,
+    revision_max: i64,
+}
+
+impl SnapshotVersionCheck {
+    /// Checks the next version; its record for the version store.
+    pub fn check(&mut self, version: &Version) -> Result<Record, String> {
+        let kv = &version.kv;
+        if kv.key.is_empty() {
+            return Err("a stored version has an empty key".to_string());
+        }
+        if kv.mod_revision < 1 {
+            return Err(format!(
+                "version of key {:?} has revision {}",
+                String::from_utf8_lossy(&kv.key),
+                kv.mod_revision
+            ));
+        }
+        if let Some((last_key, last_revision)) = &self.last {
+            let ordered =
+                (last_key.as_slice(), *last_revision) < (kv.key.as_slice(), kv.mod_revision);
+            if last_key == &kv.key && !ordered {
+                return Err(format!(
+                    "versions of key {:?} are not in revision order",
+                    String::from_utf8_lossy(&kv.key)
+                ));
+            }
+            if !ordered {
+                return Err(format!(
+                    "key {:?} is out of key order",
+                    String::from_utf8_lossy(&kv.key)
+                ));
+            }
+        }
+        self.revision_max = self.revision_max.max(kv.mod_revision);
+        self.last = Some((kv.key.clone(), kv.mod_revision));
+        Ok(record_of(version))
+    }
+
+    /// Checks that no version was above the snapshot's `revision`.
+    pub fn finish(&self, revision: i64) -> Result<(), String> {
+        if self.revision_max > revision {
+            return Err(format!(
+                "a version has revision {} above the snapshot's revision {revision}",
+                self.revision_max
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The value bytes of a stored version: sub-revision, create revision,
@@ -418,11 +503,7 @@ impl MvccStore {
 
     /// Sets the revision and compaction a reopened store stands at.
     pub fn set_positions(&mut self, revision: i64, compacted_revision: i64) -> Result<(), String> {
-        if revision < 1 || compacted_revision < 0 || compacted_revision > revision {
-            return Err(format!(
-                "revision {revision} and compacted revision {compacted_revision} do not fit"
-            ));
-        }
+        check_positions(revision, compacted_revision)?;
         self.revision = revision;
         self.compacted_revision = compacted_revision;
         self.versions.set_floor(self.versions_floor());
@@ -432,14 +513,7 @@ impl MvccStore {
     /// Adds a stored version as it is (copying a store): versions of a
     /// key must come in revision order.
     pub fn insert_version(&mut self, version: &Version) -> Result<(), KvError> {
-        self.versions
-            .put(Record {
-                key: Bytes::copy_from_slice(&version.kv.key),
-                version: version_of(version.kv.mod_revision),
-                tombstone: version.tombstone,
-                value: encode_version(version.sub_revision, &version.kv),
-            })
-            .map_err(storage_error)
+        self.versions.put(record_of(version)).map_err(storage_error)
     }
 
     /// Bytes of versions written since the last checkpoint.
@@ -453,17 +527,30 @@ impl MvccStore {
         self.versions.freeze(applied_index, meta);
     }
 
-    /// The next flush or merge to run, if any is due and none runs.
-    pub fn next_job(&mut self) -> Option<ferry_storage::versions::Job<AnyDisk>> {
-        self.versions.next_job()
+    /// The next job of `lane` (a flush or a merge), if one is due and
+    /// none of that lane runs.
+    pub fn next_job(&mut self, lane: JobLane) -> Option<ferry_storage::versions::Job<AnyDisk>> {
+        self.versions.next_job(lane)
     }
 
-    /// Installs what a job did.
+    /// Installs what a job did; the manifest write returned makes it
+    /// durable (see [`VersionStore::finish_job`]).
     pub fn finish_job(
         &mut self,
+        lane: JobLane,
         done: ferry_storage::Result<ferry_storage::versions::JobDone<AnyDisk>>,
-    ) -> Result<(), KvError> {
-        self.versions.finish_job(done).map_err(storage_error)
+    ) -> Result<ManifestWrite<AnyDisk>, KvError> {
+        self.versions.finish_job(lane, done).map_err(storage_error)
+    }
+
+    /// Records a manifest written (see [`VersionStore::manifest_written`]).
+    pub fn manifest_written(&mut self, written: ManifestWritten<AnyDisk>) {
+        self.versions.manifest_written(written);
+    }
+
+    /// Runs every job due and makes the result durable, on this thread.
+    pub fn run_jobs_now(&mut self) -> Result<(), KvError> {
+        self.versions.run_jobs_now().map_err(storage_error)
     }
 
     /// The versions at the durable point, with the state recorded beside
@@ -478,7 +565,7 @@ impl MvccStore {
     }
 
     fn versions_floor(&self) -> u64 {
-        version_of(self.compacted_revision).saturating_sub(1)
+        versions_floor_of(self.compacted_revision)
     }
 
     /// The newest committed revision.
@@ -738,55 +825,17 @@ impl MvccStore {
         compacted_revision: i64,
         versions: Vec<Version>,
     ) -> Result<MvccStore, String> {
-        if revision < 1 || compacted_revision < 0 || compacted_revision > revision {
-            return Err(format!(
-                "revision {revision} and compacted revision {compacted_revision} do not fit"
-            ));
-        }
+        check_positions(revision, compacted_revision)?;
         let mut store = MvccStore::new();
         store.revision = revision;
         store.compacted_revision = compacted_revision;
         store.versions.set_floor(store.versions_floor());
-        let mut last: Option<(Vec<u8>, i64)> = None;
+        let mut check = SnapshotVersionCheck::default();
         for version in versions {
-            let kv = &version.kv;
-            if kv.key.is_empty() {
-                return Err("a stored version has an empty key".to_string());
-            }
-            if kv.mod_revision > revision || kv.mod_revision < 1 {
-                return Err(format!(
-                    "version of key {:?} has revision {} outside 1..={revision}",
-                    String::from_utf8_lossy(&kv.key),
-                    kv.mod_revision
-                ));
-            }
-            if let Some((last_key, last_revision)) = &last {
-                let ordered =
-                    (last_key.as_slice(), *last_revision) < (kv.key.as_slice(), kv.mod_revision);
-                if last_key == &kv.key && !ordered {
-                    return Err(format!(
-                        "versions of key {:?} are not in revision order",
-                        String::from_utf8_lossy(&kv.key)
-                    ));
-                }
-                if !ordered {
-                    return Err(format!(
-                        "key {:?} is out of key order",
-                        String::from_utf8_lossy(&kv.key)
-                    ));
-                }
-            }
-            last = Some((kv.key.clone(), kv.mod_revision));
-            store
-                .versions
-                .put(Record {
-                    key: Bytes::copy_from_slice(&kv.key),
-                    version: version_of(kv.mod_revision),
-                    tombstone: version.tombstone,
-                    value: encode_version(version.sub_revision, kv),
-                })
-                .map_err(|e| e.to_string())?;
+            let record = check.check(&version)?;
+            store.versions.put(record).map_err(|e| e.to_string())?;
         }
+        check.finish(revision)?;
         Ok(store)
     }
 

@@ -6,6 +6,8 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use ferry_storage::versions::JobLane;
+
 use crate::auth_token::SimpleTokenTable;
 use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
@@ -69,16 +71,23 @@ impl StateMachine {
 
     /// The next flush or merge of the store (see
     /// [`KvState::next_store_job`]).
-    pub fn next_store_job(&mut self) -> Option<crate::kv_state::StoreJob> {
-        self.kv.next_store_job()
+    pub fn next_store_job(&mut self, lane: JobLane) -> Option<crate::kv_state::StoreJob> {
+        self.kv.next_store_job(lane)
     }
 
     /// Installs what a store job did (see [`KvState::finish_store_job`]).
     pub fn finish_store_job(
         &mut self,
+        lane: JobLane,
         done: crate::kv_state::StoreJobResult,
-    ) -> Result<(), KvError> {
-        self.kv.finish_store_job(done)
+    ) -> Result<crate::kv_state::StoreManifestWrite, KvError> {
+        self.kv.finish_store_job(lane, done)
+    }
+
+    /// Records a store manifest written (see
+    /// [`KvState::store_manifest_written`]).
+    pub fn store_manifest_written(&mut self, written: crate::kv_state::StoreManifestWritten) {
+        self.kv.store_manifest_written(written);
     }
 
     /// Applies a command and hands its events to the watchers.

@@ -9,13 +9,14 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use ferry_runtime::{
     ApplyError, Command, Durability, GroupEvent, RestoreError,
     SnapshotSource as RuntimeSnapshotSource, StateMachine,
 };
+use ferry_storage::versions::JobLane;
 use ferry_storage::{AnyDisk, Disk, DiskFile};
 use tokio::sync::mpsc;
 
@@ -50,13 +51,15 @@ pub(crate) struct StoreHome {
     root: PathBuf,
     /// The generation in use.
     generation: Mutex<u64>,
-    /// Whether a thread runs the store's jobs (read and set under the state
-    /// lock, so a checkpoint never misses a thread about to stop).
-    running: AtomicBool,
-    /// Held while a job runs and while the whole store is swapped, so that
-    /// a job never finishes on a store other than its own. Taken before
-    /// the state lock, never while holding it.
-    job_slot: Mutex<()>,
+    /// Whether a thread runs the store's flushes, and one its merges (each
+    /// cleared under the state lock when its lane has nothing left, so a
+    /// checkpoint never misses a thread about to stop).
+    flushing: AtomicBool,
+    merging: AtomicBool,
+    /// Shared by the jobs while they run, held alone while the whole store
+    /// is swapped, so that a job never finishes on a store other than its
+    /// own. Taken before the state lock, never while holding it.
+    job_slot: RwLock<()>,
     /// The applied index of the last checkpoint.
     checkpointed: Mutex<u64>,
     /// Entries applied since the last checkpoint past which one is taken
@@ -98,8 +101,9 @@ impl StoreHome {
                 disk,
                 root: root.to_path_buf(),
                 generation: Mutex::new(generation),
-                running: AtomicBool::new(false),
-                job_slot: Mutex::new(()),
+                flushing: AtomicBool::new(false),
+                merging: AtomicBool::new(false),
+                job_slot: RwLock::new(()),
                 checkpointed: Mutex::new(applied),
                 checkpoint_entries: checkpoint_entries.max(1),
             },
@@ -129,23 +133,42 @@ impl StoreHome {
         Ok(())
     }
 
-    /// Runs the store's jobs on a thread of their own until none is left,
-    /// unless such a thread runs already. Called with the state locked
-    /// (`state` is that lock's owner, for the thread).
+    fn lane_running(&self, lane: JobLane) -> &AtomicBool {
+        match lane {
+            JobLane::Flush => &self.flushing,
+            JobLane::Merge => &self.merging,
+        }
+    }
+
+    /// Runs the store's jobs, flushes and merges each on a thread of their
+    /// own, until none is left, unless such threads run already. Called
+    /// with the state locked (`state` is that lock's owner, for the
+    /// threads).
     fn run_jobs(self: &Arc<Self>, state: Arc<SharedState>) {
-        if self.running.swap(true, Ordering::AcqRel) {
+        self.run_lane(JobLane::Flush, state.clone());
+        self.run_lane(JobLane::Merge, state);
+    }
+
+    /// The thread of one lane: a long merge never holds up the flushes
+    /// that bound the memory the store's frozen layers take.
+    fn run_lane(self: &Arc<Self>, lane: JobLane, state: Arc<SharedState>) {
+        if self.lane_running(lane).swap(true, Ordering::AcqRel) {
             return;
         }
         let home = self.clone();
+        let name = match lane {
+            JobLane::Flush => "kv-store-flush",
+            JobLane::Merge => "kv-store-merge",
+        };
         let spawned = std::thread::Builder::new()
-            .name("kv-store-jobs".to_string())
+            .name(name.to_string())
             .spawn(move || loop {
-                let slot = home.job_slot.lock().unwrap_or_else(|p| p.into_inner());
+                let slot = home.job_slot.read().unwrap_or_else(|p| p.into_inner());
                 let job = {
                     let mut locked = state.lock();
-                    let job = locked.next_store_job();
+                    let job = locked.next_store_job(lane);
                     if job.is_none() {
-                        home.running.store(false, Ordering::Release);
+                        home.lane_running(lane).store(false, Ordering::Release);
                     }
                     job
                 };
@@ -153,19 +176,36 @@ impl StoreHome {
                     return;
                 };
                 let done = job.run();
-                if let Err(error) = state.lock().finish_store_job(done) {
-                    tracing::error!(
-                        %error,
-                        "a flush of the key-value store failed; it is tried again at the next checkpoint"
-                    );
-                    home.running.store(false, Ordering::Release);
-                    return;
+                let write = state.lock().finish_store_job(lane, done);
+                // The manifest is written without the state's lock: applies
+                // go on meanwhile.
+                match write.and_then(|write| {
+                    write
+                        .commit()
+                        .map_err(|e| KvError::Storage(e.to_string()))
+                }) {
+                    Ok(written) => state.lock().store_manifest_written(written),
+                    Err(error) => {
+                        tracing::error!(
+                            %error,
+                            ?lane,
+                            "a job of the key-value store failed; it is tried again at the next checkpoint"
+                        );
+                        home.lane_running(lane).store(false, Ordering::Release);
+                        return;
+                    }
                 }
                 drop(slot);
+                if lane == JobLane::Flush {
+                    // A new run may make a merge due. (Without the state's
+                    // lock: the run is installed, so a merge thread either
+                    // sees it or has already said it stops.)
+                    home.run_lane(JobLane::Merge, state.clone());
+                }
             });
         if let Err(error) = spawned {
-            tracing::error!(%error, "cannot start the key-value store's flush thread");
-            self.running.store(false, Ordering::Release);
+            tracing::error!(%error, ?lane, "cannot start a thread for the key-value store's jobs");
+            self.lane_running(lane).store(false, Ordering::Release);
         }
     }
 }
@@ -296,25 +336,24 @@ impl StateMachine for KvMachine {
         }
     }
 
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        // Decoded without the lock (this runs on a blocking thread); only
-        // the swap holds it. The replaced state is freed here too.
-        let kv = KvState::restore(snapshot, self.limits.clone())
-            .map_err(|error| RestoreError::new(error.to_string()))?;
+    fn restore(&mut self, snapshot: &mut dyn io::Read) -> Result<(), RestoreError> {
         let Some(home) = &self.home else {
+            // Decoded without the lock (this runs on a blocking thread);
+            // only the swap holds it. The replaced state is freed here too.
+            let kv = KvState::restore_from(snapshot, self.limits.clone())
+                .map_err(|error| RestoreError::new(error.to_string()))?;
             let replaced = self.state.lock().install(kv);
             drop(replaced);
             return Ok(());
         };
-        // On disk: the restored state goes into a new store directory,
-        // made durable there, then named in CURRENT; no job of the old
-        // store runs meanwhile.
-        let _slot = home.job_slot.lock().unwrap_or_else(|p| p.into_inner());
+        // On disk: the snapshot is written as it is read into a new store
+        // directory, made durable there, then named in CURRENT; no job of
+        // the old store runs meanwhile.
+        let _slot = home.job_slot.write().unwrap_or_else(|p| p.into_inner());
         let old = home.generation();
         let next = old + 1;
         let dir = StoreHome::store_dir(&home.root, next);
-        let kv = kv
-            .persist_into(home.disk.clone(), &dir)
+        let kv = KvState::restore_into(snapshot, home.disk.clone(), &dir, self.limits.clone())
             .map_err(|error| RestoreError::new(error.to_string()))?;
         home.switch_to(next).map_err(|error| {
             RestoreError::new(format!("switching to {}: {error}", dir.display()))

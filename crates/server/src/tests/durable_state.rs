@@ -12,6 +12,7 @@ use super::helpers::*;
 use crate::command::encode_command;
 use crate::kv_state::{KvLimits, KvState};
 use crate::pb::ferrypb::Command;
+use ferry_storage::versions::JobLane;
 use ferry_storage::{AnyDisk, CrashMode, SimDisk};
 
 fn dir() -> PathBuf {
@@ -35,9 +36,12 @@ fn random_command(rng: &mut ChaCha8Rng, revision: i64) -> Command {
 }
 
 fn run_store_jobs(state: &mut KvState) {
-    while let Some(job) = state.next_store_job() {
-        let done = job.run();
-        state.finish_store_job(done).unwrap();
+    for lane in [JobLane::Flush, JobLane::Merge, JobLane::Flush] {
+        while let Some(job) = state.next_store_job(lane) {
+            let done = job.run();
+            let written = state.finish_store_job(lane, done).unwrap().commit();
+            state.store_manifest_written(written.unwrap());
+        }
     }
 }
 
@@ -71,9 +75,13 @@ fn a_reopened_state_replays_the_log_from_its_durable_point_to_the_same_state() {
         durable.checkpoint();
         let before = durable.durable_index();
         disk.set_fault_budget(Some(rng.next_u64() % 400_000));
-        if let Some(job) = durable.next_store_job() {
+        if let Some(job) = durable.next_store_job(JobLane::Flush) {
             let done = job.run();
-            let _ = durable.finish_store_job(done);
+            if let Ok(write) = durable.finish_store_job(JobLane::Flush, done) {
+                if let Ok(written) = write.commit() {
+                    durable.store_manifest_written(written);
+                }
+            }
         }
         disk.crash(match seed % 3 {
             0 => CrashMode::LoseUnsynced,

@@ -10,5 +10,6 @@ mod mvcc_semantics;
 mod range_view;
 mod snapshot_determinism;
 mod snapshot_source;
+mod snapshot_stream;
 mod txn_bounds;
 mod watch_semantics;

@@ -49,10 +49,23 @@
 //!
 //! # Jobs
 //!
-//! At most one job (flush or merge) runs at a time. [`VersionStore::next_job`]
-//! hands one out; [`Job::run`] does the file work (call it on a blocking
-//! thread; it reads only immutable layers); [`VersionStore::finish_job`]
-//! installs its result. Reads and writes go on meanwhile.
+//! Jobs run in two lanes, at most one job in each: a **flush** lane and a
+//! **merge** lane, so that a long merge of large runs never holds frozen
+//! memtables in memory behind it. [`VersionStore::next_job`] hands out the
+//! next job of a lane; [`Job::run`] writes its run file (call it on a
+//! blocking thread; it reads only immutable layers);
+//! [`VersionStore::finish_job`] installs the run in memory and returns the
+//! [`ManifestWrite`] that makes the new shape durable;
+//! [`ManifestWrite::commit`] writes it (again off the caller's lock), and
+//! [`VersionStore::manifest_written`] records that it is on disk. Only then
+//! does the durable marker move, and only then are the runs a merge
+//! replaced deleted.
+//!
+//! Each manifest is built from the whole in-memory shape at the moment a
+//! job is installed, and numbered. Manifests are written one at a time and
+//! never an older one after a newer: a newer one holds everything an older
+//! one does, so an older one found superseded is simply not written.
+//! Reads and writes go on meanwhile.
 
 pub mod manifest;
 pub mod run;
@@ -60,14 +73,14 @@ pub mod run;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::disk::Disk;
 use crate::error::{Result, StorageError};
 use manifest::{run_file_name, Manifest, RunEntry, MANIFEST_FILE};
-use run::{Run, RunSummary, RunWriter};
+use run::{Run, RunWriter};
 
 /// One version of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +223,32 @@ pub struct StoreStats {
     pub written_bytes: u64,
 }
 
+/// A run file the store's shape includes, with its id.
+#[derive(Debug)]
+struct StoredRun<D: Disk> {
+    id: u64,
+    run: Arc<Run<D>>,
+}
+
+impl<D: Disk> Clone for StoredRun<D> {
+    fn clone(&self) -> Self {
+        StoredRun {
+            id: self.id,
+            run: self.run.clone(),
+        }
+    }
+}
+
+/// The two lanes jobs run in, one job at a time in each (see the module
+/// docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobLane {
+    /// Frozen memtables written into a run: moves the durable marker.
+    Flush,
+    /// Adjacent runs joined into one: changes only the shape on disk.
+    Merge,
+}
+
 /// The version store of one state machine, in one directory.
 #[derive(Debug)]
 pub struct VersionStore<D: Disk> {
@@ -220,11 +259,24 @@ pub struct VersionStore<D: Disk> {
     /// Newest first.
     frozen: Vec<Frozen>,
     /// Newest first.
-    runs: Vec<Arc<Run<D>>>,
-    /// The manifest on disk.
+    runs: Vec<StoredRun<D>>,
+    /// The marker and meta the runs are complete up to (in memory: a
+    /// manifest saying so may not be on disk yet).
+    flushed_marker: u64,
+    flushed_meta: Bytes,
+    /// The id the next run gets.
+    next_run_id: u64,
+    /// The manifest on disk, and its number.
     manifest: Manifest,
+    manifest_seq: u64,
+    /// The number the last manifest built got.
+    manifest_seq_built: u64,
+    /// The number of the last manifest written, shared with the writes in
+    /// flight: they are serialized on it and never go backwards.
+    manifest_seq_written: Arc<Mutex<u64>>,
     floor: u64,
-    job_running: bool,
+    flush_running: bool,
+    merge_running: bool,
     written_bytes: u64,
     /// The runs as the manifest on disk names them, with its marker and
     /// meta: the state at the durable point.
@@ -261,7 +313,7 @@ impl<D: Disk> VersionStore<D> {
                     ),
                 });
             }
-            runs.push(run);
+            runs.push(StoredRun { id: entry.id, run });
         }
         // Leftovers of a job that did not finish.
         let named: Vec<String> = manifest
@@ -287,7 +339,7 @@ impl<D: Disk> VersionStore<D> {
         };
         let durable_view = StoreView {
             frozen: Vec::new(),
-            runs: runs.clone(),
+            runs: runs.iter().map(|r| r.run.clone()).collect(),
             marker: manifest.marker,
             meta: manifest.meta.clone(),
         };
@@ -299,9 +351,16 @@ impl<D: Disk> VersionStore<D> {
                 memtable: Memtable::default(),
                 frozen: Vec::new(),
                 runs,
+                flushed_marker: manifest.marker,
+                flushed_meta: manifest.meta.clone(),
+                next_run_id: manifest.next_run_id,
                 floor: manifest.floor,
                 manifest,
-                job_running: false,
+                manifest_seq: 0,
+                manifest_seq_built: 0,
+                manifest_seq_written: Arc::new(Mutex::new(0)),
+                flush_running: false,
+                merge_running: false,
                 written_bytes: 0,
                 durable_view,
             },
@@ -359,10 +418,14 @@ impl<D: Disk> VersionStore<D> {
         frozen.extend(self.frozen.iter().map(|f| f.table.clone()));
         StoreView {
             frozen,
-            runs: self.runs.clone(),
+            runs: self.run_handles(),
             marker,
             meta,
         }
+    }
+
+    fn run_handles(&self) -> Vec<Arc<Run<D>>> {
+        self.runs.iter().map(|r| r.run.clone()).collect()
     }
 
     /// Freezes the memtable as the state at `marker`, with the caller's
@@ -396,7 +459,7 @@ impl<D: Disk> VersionStore<D> {
         let mut layers = Vec::with_capacity(1 + self.frozen.len() + self.runs.len());
         layers.push(Layer::Mem(&self.memtable));
         layers.extend(self.frozen.iter().map(|f| Layer::Mem(f.table.as_ref())));
-        layers.extend(self.runs.iter().map(Layer::Run));
+        layers.extend(self.runs.iter().map(|r| Layer::Run(&r.run)));
         layers
     }
 
@@ -474,9 +537,9 @@ impl<D: Disk> VersionStore<D> {
             memtable_bytes: self.memtable.bytes,
             frozen_layers: self.frozen.len(),
             runs: self.runs.len(),
-            run_file_bytes: self.runs.iter().map(|r| r.summary().file_bytes).sum(),
-            run_records: self.runs.iter().map(|r| r.summary().records).sum(),
-            run_index_bytes: self.runs.iter().map(|r| r.index_bytes()).sum(),
+            run_file_bytes: self.runs.iter().map(|r| r.run.summary().file_bytes).sum(),
+            run_records: self.runs.iter().map(|r| r.run.summary().records).sum(),
+            run_index_bytes: self.runs.iter().map(|r| r.run.index_bytes()).sum(),
             written_bytes: self.written_bytes,
         }
     }
@@ -489,69 +552,74 @@ impl<D: Disk> VersionStore<D> {
         self.freeze(marker, meta.clone());
         StoreView {
             frozen: self.frozen.iter().map(|f| f.table.clone()).collect(),
-            runs: self.runs.clone(),
+            runs: self.run_handles(),
             marker,
             meta,
         }
     }
 
-    /// The next job to run, if any and none is running: a flush when
-    /// something is frozen, else a merge when the runs call for one.
-    pub fn next_job(&mut self) -> Option<Job<D>> {
-        if self.job_running {
-            return None;
+    /// The next job of `lane`, if one is due and none of that lane runs: a
+    /// flush when something is frozen; a merge when the runs call for one.
+    pub fn next_job(&mut self, lane: JobLane) -> Option<Job<D>> {
+        match lane {
+            JobLane::Flush if !self.flush_running && !self.frozen.is_empty() => {
+                self.flush_running = true;
+                Some(self.flush_job())
+            }
+            JobLane::Merge if !self.merge_running => {
+                let job = self.merge_job()?;
+                self.merge_running = true;
+                Some(job)
+            }
+            JobLane::Flush | JobLane::Merge => None,
         }
-        let job = if !self.frozen.is_empty() {
-            Some(self.flush_job())
-        } else {
-            self.merge_job()
-        }?;
-        self.job_running = true;
-        Some(job)
+    }
+
+    /// Whether a job of `lane` is handed out and not yet finished.
+    pub fn job_running(&self, lane: JobLane) -> bool {
+        match lane {
+            JobLane::Flush => self.flush_running,
+            JobLane::Merge => self.merge_running,
+        }
+    }
+
+    fn take_run_id(&mut self) -> u64 {
+        let id = self.next_run_id;
+        self.next_run_id = id.saturating_add(1);
+        id
     }
 
     fn flush_job(&mut self) -> Job<D> {
         let newest = &self.frozen[0];
-        let id = self.manifest.next_run_id;
+        let (marker, meta) = (newest.marker, newest.meta.clone());
         let sources = self.frozen.iter().map(|f| f.table.clone()).collect();
-        let mut manifest = Manifest {
-            marker: newest.marker,
-            floor: self.floor,
-            next_run_id: id + 1,
-            meta: newest.meta.clone(),
-            runs: self.manifest.runs.clone(),
-        };
-        manifest.runs.insert(
-            0,
-            RunEntry {
-                id,
-                summary: RunSummary {
-                    records: 0,
-                    min_version: 0,
-                    max_version: 0,
-                    file_bytes: 0,
-                },
-            },
-        );
+        let frozen_layers = self.frozen.len();
+        // With a merge in flight the runs are not empty, so the flush is
+        // never the bottom while one runs.
+        let bottom = self.runs.is_empty();
         Job {
             disk: self.disk.clone(),
             dir: self.dir.clone(),
             kind: JobKind::Flush {
                 sources,
-                frozen_layers: self.frozen.len(),
+                frozen_layers,
+                marker,
+                meta,
             },
-            output_id: id,
-            merged: 0,
-            bottom: self.runs.is_empty(),
+            output_id: self.take_run_id(),
+            bottom,
             floor: self.floor,
-            manifest,
         }
     }
 
     fn merge_job(&mut self) -> Option<Job<D>> {
         // The longest run of newest runs in which each older run is no
         // larger than `merge_ratio` times the newer ones together.
-        let sizes: Vec<u64> = self.runs.iter().map(|r| r.summary().file_bytes).collect();
+        let sizes: Vec<u64> = self
+            .runs
+            .iter()
+            .map(|r| r.run.summary().file_bytes)
+            .collect();
         let mut newer = *sizes.first()?;
         let mut count = 1;
         for size in sizes.iter().skip(1) {
@@ -564,73 +632,145 @@ impl<D: Disk> VersionStore<D> {
         if count < 2 {
             return None;
         }
-        let id = self.manifest.next_run_id;
-        let mut manifest = self.manifest.clone();
-        manifest.next_run_id = id + 1;
-        manifest.floor = self.floor;
-        manifest.runs.splice(
-            0..count,
-            [RunEntry {
-                id,
-                summary: RunSummary {
-                    records: 0,
-                    min_version: 0,
-                    max_version: 0,
-                    file_bytes: 0,
-                },
-            }],
-        );
+        let sources = self.runs[..count].to_vec();
+        let bottom = count == self.runs.len();
         Some(Job {
             disk: self.disk.clone(),
             dir: self.dir.clone(),
-            kind: JobKind::Merge {
-                sources: self.runs[..count].to_vec(),
-            },
-            output_id: id,
-            merged: count,
-            bottom: count == self.runs.len(),
+            kind: JobKind::Merge { sources },
+            output_id: self.take_run_id(),
+            bottom,
             floor: self.floor,
-            manifest,
         })
     }
 
-    /// Installs what a job did. On an error the store is as before the job
-    /// (the job's files are removed at the next open) and the job may be
-    /// handed out again.
-    pub fn finish_job(&mut self, done: Result<JobDone<D>>) -> Result<()> {
-        self.job_running = false;
+    /// Installs what a job of `lane` did in memory and returns the
+    /// manifest write that makes it durable (to [`ManifestWrite::commit`]
+    /// off the caller's lock, then to hand to
+    /// [`VersionStore::manifest_written`]). On an error the store is as
+    /// before the job (its file is removed at the next open) and the job
+    /// may be handed out again.
+    pub fn finish_job(
+        &mut self,
+        lane: JobLane,
+        done: Result<JobDone<D>>,
+    ) -> Result<ManifestWrite<D>> {
+        match lane {
+            JobLane::Flush => self.flush_running = false,
+            JobLane::Merge => self.merge_running = false,
+        }
         let done = done?;
         self.written_bytes = self.written_bytes.saturating_add(done.written_bytes);
+        let mut retired = Vec::new();
         match done.kind {
-            JobDoneKind::Flushed { frozen_layers } => {
+            JobDoneKind::Flushed {
+                frozen_layers,
+                marker,
+                meta,
+            } => {
                 let keep = self.frozen.len().saturating_sub(frozen_layers);
                 self.frozen.truncate(keep);
                 if let Some(run) = done.run {
                     self.runs.insert(0, run);
                 }
+                self.flushed_marker = self.flushed_marker.max(marker);
+                self.flushed_meta = meta;
             }
-            JobDoneKind::Merged { merged } => {
-                let merged = merged.min(self.runs.len());
-                self.runs.drain(..merged);
-                if let Some(run) = done.run {
-                    self.runs.insert(0, run);
-                }
-                for path in done.retired {
-                    // Readers that hold the old runs keep their handles.
-                    let _ = self.disk.remove_file(&path);
-                }
+            JobDoneKind::Merged { sources } => {
+                // Flushes may have put newer runs in front meanwhile; the
+                // sources are still adjacent, oldest last.
+                let first = self
+                    .runs
+                    .iter()
+                    .position(|r| Some(&r.id) == sources.first());
+                let in_place = first.is_some_and(|first| {
+                    self.runs.len() >= first + sources.len()
+                        && self.runs[first..first + sources.len()]
+                            .iter()
+                            .zip(&sources)
+                            .all(|(run, id)| run.id == *id)
+                });
+                let Some(first) = first.filter(|_| in_place) else {
+                    debug_assert!(false, "a merge's sources are no longer in place");
+                    if let Some(run) = done.run {
+                        let _ = self.disk.remove_file(run.run.path());
+                    }
+                    return Err(StorageError::Poisoned(
+                        "a merge's sources are no longer in the store's shape".to_string(),
+                    ));
+                };
+                let replaced: Vec<StoredRun<D>> = match done.run {
+                    Some(run) => self
+                        .runs
+                        .splice(first..first + sources.len(), [run])
+                        .collect(),
+                    None => self.runs.drain(first..first + sources.len()).collect(),
+                };
+                retired = replaced
+                    .iter()
+                    .map(|r| r.run.path().to_path_buf())
+                    .collect();
             }
         }
-        self.manifest = done.manifest;
-        if let JobDoneKind::Flushed { .. } = done.kind {
-            self.durable_view = StoreView {
-                frozen: Vec::new(),
-                runs: self.runs.clone(),
-                marker: self.manifest.marker,
-                meta: self.manifest.meta.clone(),
+        self.manifest_seq_built += 1;
+        Ok(ManifestWrite {
+            disk: self.disk.clone(),
+            dir: self.dir.clone(),
+            seq: self.manifest_seq_built,
+            manifest: Manifest {
+                marker: self.flushed_marker,
+                floor: self.floor,
+                next_run_id: self.next_run_id,
+                meta: self.flushed_meta.clone(),
+                runs: self
+                    .runs
+                    .iter()
+                    .map(|r| RunEntry {
+                        id: r.id,
+                        summary: r.run.summary(),
+                    })
+                    .collect(),
+            },
+            runs: self.run_handles(),
+            retired,
+            written: self.manifest_seq_written.clone(),
+        })
+    }
+
+    /// Records that a manifest is on disk: the durable marker moves to its
+    /// marker (an older one than that on record changes nothing).
+    pub fn manifest_written(&mut self, written: ManifestWritten<D>) {
+        self.written_bytes = self.written_bytes.saturating_add(written.written_bytes);
+        if written.seq <= self.manifest_seq {
+            return;
+        }
+        self.manifest_seq = written.seq;
+        self.durable_view = StoreView {
+            frozen: Vec::new(),
+            runs: written.runs,
+            marker: written.manifest.marker,
+            meta: written.manifest.meta.clone(),
+        };
+        self.manifest = written.manifest;
+    }
+
+    /// Runs every job due, in both lanes, one after another on this thread,
+    /// and makes the result durable (a store copied in whole, tests).
+    pub fn run_jobs_now(&mut self) -> Result<()> {
+        loop {
+            let job = match self.next_job(JobLane::Flush) {
+                Some(job) => job,
+                None => match self.next_job(JobLane::Merge) {
+                    Some(job) => job,
+                    None => return Ok(()),
+                },
             };
+            let lane = job.lane();
+            let done = job.run();
+            let write = self.finish_job(lane, done)?;
+            let written = write.commit()?;
+            self.manifest_written(written);
         }
-        Ok(())
     }
 
     /// The state at the durable point: the runs the manifest on disk
@@ -678,9 +818,13 @@ enum JobKind<D: Disk> {
     Flush {
         sources: Vec<Arc<Memtable>>,
         frozen_layers: usize,
+        /// The marker and meta of the newest frozen layer: the durable
+        /// point once the flush's manifest is written.
+        marker: u64,
+        meta: Bytes,
     },
     Merge {
-        sources: Vec<Arc<Run<D>>>,
+        sources: Vec<StoredRun<D>>,
     },
 }
 
@@ -690,62 +834,60 @@ pub struct Job<D: Disk> {
     dir: PathBuf,
     kind: JobKind<D>,
     output_id: u64,
-    merged: usize,
     /// Whether the output is the oldest run (tombstones may go).
     bottom: bool,
     floor: u64,
-    manifest: Manifest,
 }
 
 impl<D: Disk> std::fmt::Debug for Job<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match &self.kind {
-            JobKind::Flush { .. } => "flush",
-            JobKind::Merge { .. } => "merge",
-        };
         f.debug_struct("Job")
-            .field("kind", &kind)
+            .field("lane", &self.lane())
             .field("output_id", &self.output_id)
             .finish_non_exhaustive()
     }
 }
 
 enum JobDoneKind {
-    Flushed { frozen_layers: usize },
-    Merged { merged: usize },
+    Flushed {
+        frozen_layers: usize,
+        marker: u64,
+        meta: Bytes,
+    },
+    Merged {
+        /// The ids of the runs merged, newest first.
+        sources: Vec<u64>,
+    },
 }
 
 /// What a finished job hands back to [`VersionStore::finish_job`].
 pub struct JobDone<D: Disk> {
     kind: JobDoneKind,
-    run: Option<Arc<Run<D>>>,
-    retired: Vec<PathBuf>,
-    manifest: Manifest,
+    run: Option<StoredRun<D>>,
     written_bytes: u64,
 }
 
 impl<D: Disk> std::fmt::Debug for JobDone<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JobDone")
-            .field("marker", &self.manifest.marker)
+            .field("run", &self.run.as_ref().map(|r| r.id))
             .field("written_bytes", &self.written_bytes)
             .finish_non_exhaustive()
     }
 }
 
 impl<D: Disk> Job<D> {
-    /// Whether this is a flush (which moves the durable marker).
-    pub fn is_flush(&self) -> bool {
-        matches!(self.kind, JobKind::Flush { .. })
+    /// The lane the job runs in.
+    pub fn lane(&self) -> JobLane {
+        match self.kind {
+            JobKind::Flush { .. } => JobLane::Flush,
+            JobKind::Merge { .. } => JobLane::Merge,
+        }
     }
 
-    /// The marker the store is durable at once this job is installed.
-    pub fn marker(&self) -> u64 {
-        self.manifest.marker
-    }
-
-    /// Writes the output run and the new manifest, durably.
-    pub fn run(mut self) -> Result<JobDone<D>> {
+    /// Writes the output run, durably (synced and renamed; the rename is
+    /// made durable by the next manifest's directory sync).
+    pub fn run(self) -> Result<JobDone<D>> {
         let name = run_file_name(self.output_id);
         let tmp = self.dir.join(format!("{name}.tmp"));
         let path = self.dir.join(&name);
@@ -754,7 +896,7 @@ impl<D: Disk> Job<D> {
             JobKind::Flush { sources, .. } => {
                 sources.iter().map(|t| Layer::Mem(t.as_ref())).collect()
             }
-            JobKind::Merge { sources } => sources.iter().map(Layer::Run).collect(),
+            JobKind::Merge { sources } => sources.iter().map(|r| Layer::Run(&r.run)).collect(),
         };
         let mut pending: Vec<Record> = Vec::new();
         for record in VersionIter::new(layers, &[], Bound::Unbounded) {
@@ -770,41 +912,108 @@ impl<D: Disk> Job<D> {
         let run = if summary.records == 0 {
             // Nothing left (everything was shadowed): no run at all.
             let _ = self.disk.remove_file(&tmp);
-            self.manifest.runs.retain(|r| r.id != self.output_id);
             None
         } else {
             self.disk
                 .rename(&tmp, &path)
                 .map_err(|e| StorageError::io("rename run", &path, e))?;
-            if let Some(entry) = self
-                .manifest
-                .runs
-                .iter_mut()
-                .find(|r| r.id == self.output_id)
-            {
-                entry.summary = summary;
-            }
-            Some(Run::open(&self.disk, &path)?)
+            Some(StoredRun {
+                id: self.output_id,
+                run: Run::open(&self.disk, &path)?,
+            })
         };
-        // The rename is made durable by the manifest's directory sync.
-        let written_bytes =
-            written_bytes.saturating_add(self.manifest.write(&self.disk, &self.dir)?);
-        let (kind, retired) = match self.kind {
-            JobKind::Flush { frozen_layers, .. } => {
-                (JobDoneKind::Flushed { frozen_layers }, Vec::new())
-            }
-            JobKind::Merge { sources } => (
-                JobDoneKind::Merged {
-                    merged: self.merged,
-                },
-                sources.iter().map(|r| r.path().to_path_buf()).collect(),
-            ),
+        let kind = match self.kind {
+            JobKind::Flush {
+                frozen_layers,
+                marker,
+                meta,
+                ..
+            } => JobDoneKind::Flushed {
+                frozen_layers,
+                marker,
+                meta,
+            },
+            JobKind::Merge { sources } => JobDoneKind::Merged {
+                sources: sources.iter().map(|r| r.id).collect(),
+            },
         };
         Ok(JobDone {
             kind,
             run,
-            retired,
+            written_bytes,
+        })
+    }
+}
+
+/// A manifest to write (see [`VersionStore::finish_job`]): the store's
+/// whole shape when a job was installed.
+pub struct ManifestWrite<D: Disk> {
+    disk: D,
+    dir: PathBuf,
+    seq: u64,
+    manifest: Manifest,
+    /// The runs it names, for the durable view.
+    runs: Vec<Arc<Run<D>>>,
+    /// Run files no longer in the shape, deleted once a manifest without
+    /// them is on disk.
+    retired: Vec<PathBuf>,
+    written: Arc<Mutex<u64>>,
+}
+
+impl<D: Disk> std::fmt::Debug for ManifestWrite<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManifestWrite")
+            .field("seq", &self.seq)
+            .field("marker", &self.manifest.marker)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A manifest on disk, for [`VersionStore::manifest_written`].
+pub struct ManifestWritten<D: Disk> {
+    seq: u64,
+    manifest: Manifest,
+    runs: Vec<Arc<Run<D>>>,
+    written_bytes: u64,
+}
+
+impl<D: Disk> std::fmt::Debug for ManifestWritten<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManifestWritten")
+            .field("seq", &self.seq)
+            .field("marker", &self.manifest.marker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Disk> ManifestWrite<D> {
+    /// The marker the store is durable at once this is written.
+    pub fn marker(&self) -> u64 {
+        self.manifest.marker
+    }
+
+    /// Writes the manifest durably, unless a newer one was written already
+    /// (it holds all this one does), then deletes the retired runs.
+    /// Readers that hold a retired run keep their handle to it.
+    pub fn commit(self) -> Result<ManifestWritten<D>> {
+        let mut written_bytes = 0;
+        {
+            let mut last = self
+                .written
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if *last < self.seq {
+                written_bytes = self.manifest.write(&self.disk, &self.dir)?;
+                *last = self.seq;
+            }
+        }
+        for path in &self.retired {
+            let _ = self.disk.remove_file(path);
+        }
+        Ok(ManifestWritten {
+            seq: self.seq,
             manifest: self.manifest,
+            runs: self.runs,
             written_bytes,
         })
     }
@@ -1040,3 +1249,88 @@ impl<D: Disk> Iterator for VersionIter<'_, D> {
 
 #[cfg(test)]
 mod tests;
+
+/// A store written in one pass from records already in (key, version)
+/// order, such as a whole state received from a leader: one run and a
+/// manifest, in a directory that holds no store yet. It takes the memory
+/// of one block and the run's index, whatever the size of the data.
+pub struct BulkLoad<D: Disk> {
+    disk: D,
+    dir: PathBuf,
+    tmp: PathBuf,
+    writer: RunWriter<D>,
+}
+
+impl<D: Disk> std::fmt::Debug for BulkLoad<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BulkLoad")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The id of the run a bulk load writes.
+const BULK_RUN_ID: u64 = 1;
+
+impl<D: Disk> BulkLoad<D> {
+    /// Starts loading into `dir` (created if need be), which must hold no
+    /// manifest: a store there is never overwritten.
+    pub fn create(disk: D, dir: &Path) -> Result<BulkLoad<D>> {
+        crate::disk::create_dir_durably(&disk, dir)?;
+        if Manifest::read(&disk, dir)?.is_some() {
+            return Err(StorageError::io(
+                "bulk load into",
+                dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "the directory holds a store already",
+                ),
+            ));
+        }
+        let tmp = dir.join(format!("{}.tmp", run_file_name(BULK_RUN_ID)));
+        let writer = RunWriter::create(&disk, &tmp)?;
+        Ok(BulkLoad {
+            disk,
+            dir: dir.to_path_buf(),
+            tmp,
+            writer,
+        })
+    }
+
+    /// Appends one record; records must come in strictly increasing (key,
+    /// version) order.
+    pub fn push(&mut self, record: &Record) -> Result<()> {
+        self.writer.push(record)
+    }
+
+    /// Syncs the run and writes the manifest: the store then opens at
+    /// `marker`, with `meta` and `floor`, holding every record pushed.
+    /// Returns the bytes written.
+    pub fn finish(self, marker: u64, meta: Bytes, floor: u64) -> Result<u64> {
+        let summary = self.writer.finish()?;
+        let mut runs = Vec::new();
+        if summary.records == 0 {
+            let _ = self.disk.remove_file(&self.tmp);
+        } else {
+            let path = self.dir.join(run_file_name(BULK_RUN_ID));
+            self.disk
+                .rename(&self.tmp, &path)
+                .map_err(|e| StorageError::io("rename run", &path, e))?;
+            runs.push(RunEntry {
+                id: BULK_RUN_ID,
+                summary,
+            });
+        }
+        let manifest = Manifest {
+            marker,
+            floor,
+            next_run_id: BULK_RUN_ID + 1,
+            meta,
+            runs,
+        };
+        // The rename is made durable by the manifest's directory sync.
+        Ok(summary
+            .file_bytes
+            .saturating_add(manifest.write(&self.disk, &self.dir)?))
+    }
+}

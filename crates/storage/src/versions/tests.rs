@@ -35,10 +35,7 @@ fn record(key: &[u8], version: u64, tombstone: bool, value: &[u8]) -> Record {
 
 /// Runs every job the store hands out until none is left.
 fn run_jobs(store: &mut VersionStore<SimDisk>) {
-    while let Some(job) = store.next_job() {
-        let done = job.run();
-        store.finish_job(done).unwrap();
-    }
+    store.run_jobs_now().unwrap();
 }
 
 fn all(store: &VersionStore<SimDisk>) -> Vec<Record> {
@@ -282,9 +279,13 @@ fn a_crash_at_any_point_of_a_job_recovers_a_manifest_whole() {
         // A flush here writes about a megabyte: some crashes hit the run,
         // some the manifest, some come after the job.
         disk.set_fault_budget(Some(rng.next_u64() % 1_500_000));
-        if let Some(job) = store.next_job() {
+        if let Some(job) = store.next_job(JobLane::Flush) {
             let done = job.run();
-            let _ = store.finish_job(done);
+            if let Ok(write) = store.finish_job(JobLane::Flush, done) {
+                if let Ok(written) = write.commit() {
+                    store.manifest_written(written);
+                }
+            }
         }
         let mode = match seed % 3 {
             0 => CrashMode::LoseUnsynced,
@@ -429,4 +430,142 @@ fn the_durable_view_holds_what_a_reopen_finds_and_nothing_later() {
     let (reopened, recovered) = open(&disk);
     assert_eq!(recovered.marker, 5);
     assert_eq!(all(&reopened), held);
+}
+
+/// Flushes every frozen layer without merging, so runs pile up until a
+/// merge is due.
+fn flush_only(store: &mut VersionStore<SimDisk>) {
+    while let Some(job) = store.next_job(JobLane::Flush) {
+        let done = job.run();
+        let written = store.finish_job(JobLane::Flush, done).unwrap().commit();
+        store.manifest_written(written.unwrap());
+    }
+}
+
+#[test]
+fn a_flush_runs_while_a_merge_is_in_flight_and_a_crash_anywhere_recovers_a_manifest_whole() {
+    let mut outcomes = BTreeMap::<&str, u32>::new();
+    for seed in 0..60u64 {
+        let disk = SimDisk::with_seed(seed);
+        let (mut store, _) = open(&disk);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut by_marker = BTreeMap::from([(0u64, Model::new())]);
+        let mut version = 1;
+        let mut marker = 0u64;
+        let meta = |marker: u64| Bytes::from(marker.to_le_bytes().to_vec());
+        // Each run larger than the one before, so a merge is due.
+        for count in [60u64, 120, 240, 480] {
+            for _ in 0..count {
+                version += 1;
+                put(&mut store, &mut model, random_put(&mut rng, version));
+            }
+            marker += count;
+            store.freeze(marker, meta(marker));
+            by_marker.insert(marker, model.clone());
+            flush_only(&mut store);
+        }
+        let before = store.durable_marker();
+        assert_eq!(before, marker);
+        let merge = store.next_job(JobLane::Merge).expect("a merge is due");
+        assert!(
+            store.next_job(JobLane::Merge).is_none(),
+            "one merge at a time"
+        );
+        let sources = run_files(&disk, &dir());
+        // Writes go on while the merge runs, and are frozen and flushed
+        // beside it.
+        for _ in 0..100 {
+            version += 1;
+            put(&mut store, &mut model, random_put(&mut rng, version));
+        }
+        marker += 100;
+        store.freeze(marker, meta(marker));
+        by_marker.insert(marker, model.clone());
+        let flush = store
+            .next_job(JobLane::Flush)
+            .expect("a flush is handed out while a merge runs");
+        assert!(
+            store.next_job(JobLane::Flush).is_none(),
+            "one flush at a time"
+        );
+        let crash = seed % 4 != 0;
+        if crash {
+            disk.set_fault_budget(Some(rng.next_u64() % 2_000_000));
+        }
+        // Either job may finish first, and either manifest may be written
+        // first.
+        let merge_first = seed % 2 == 0;
+        let commit_in_order = (seed / 2) % 2 == 0;
+        let merge_done = merge.run();
+        let flush_done = flush.run();
+        let (first, second) = if merge_first {
+            (
+                store.finish_job(JobLane::Merge, merge_done),
+                store.finish_job(JobLane::Flush, flush_done),
+            )
+        } else {
+            (
+                store.finish_job(JobLane::Flush, flush_done),
+                store.finish_job(JobLane::Merge, merge_done),
+            )
+        };
+        let (first, second) = if commit_in_order {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        for write in [first, second].into_iter().flatten() {
+            if !crash && write.marker() == marker {
+                // Installed but not yet durable: the marker has not moved.
+                assert_eq!(store.durable_marker(), before);
+            }
+            if let Ok(written) = write.commit() {
+                store.manifest_written(written);
+            }
+        }
+        if !crash {
+            assert_eq!(all(&store), model_records(&model), "seed {seed}: live");
+            assert_eq!(store.durable_marker(), marker, "seed {seed}");
+            let files = run_files(&disk, &dir());
+            assert_eq!(
+                files.len(),
+                2,
+                "seed {seed}: the merged run and the flushed one"
+            );
+            assert!(
+                sources.iter().all(|source| !files.contains(source)),
+                "seed {seed}: the merge's sources are gone"
+            );
+        }
+        disk.crash(match seed % 3 {
+            0 => CrashMode::LoseUnsynced,
+            1 => CrashMode::TornUnsynced,
+            _ => CrashMode::KeepWritten,
+        });
+        drop(store);
+        let (store, recovered) = open(&disk);
+        assert!(
+            recovered.marker == before || recovered.marker == marker,
+            "seed {seed}: recovered at {}",
+            recovered.marker
+        );
+        assert_eq!(recovered.meta, meta(recovered.marker), "seed {seed}");
+        assert_eq!(
+            all(&store),
+            model_records(&by_marker[&recovered.marker]),
+            "seed {seed}: reopened at {}",
+            recovered.marker
+        );
+        let label = match (crash, recovered.marker == marker) {
+            (false, _) => "no crash",
+            (true, true) => "crash after the flush's manifest",
+            (true, false) => "crash before it",
+        };
+        *outcomes.entry(label).or_default() += 1;
+    }
+    assert!(
+        outcomes.len() == 3 && outcomes.values().all(|n| *n >= 5),
+        "every outcome is seen: {outcomes:?}"
+    );
 }
