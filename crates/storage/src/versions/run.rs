@@ -87,7 +87,9 @@ pub struct RunWriter<D: Disk> {
     block_max_version: u64,
     index: Vec<BlockHandle>,
     offset: u64,
-    last: Option<(Bytes, u64)>,
+    /// The last record's key (a copy, reused) and version, for the order
+    /// check.
+    last: Option<(Vec<u8>, u64)>,
     summary: RunSummary,
 }
 
@@ -130,7 +132,7 @@ impl<D: Disk> RunWriter<D> {
     /// (key, version) order.
     pub fn push(&mut self, record: &Record) -> Result<()> {
         if let Some((key, version)) = &self.last {
-            let ordered = (key.as_ref(), *version) < (record.key.as_ref(), record.version);
+            let ordered = (key.as_slice(), *version) < (record.key.as_ref(), record.version);
             if !ordered {
                 return Err(StorageError::Corrupt {
                     path: self.path.clone(),
@@ -151,7 +153,10 @@ impl<D: Disk> RunWriter<D> {
             });
         }
         if self.block_first_key.is_none() {
-            self.block_first_key = Some(record.key.clone());
+            // A copy: the record's key may be a slice of a block read
+            // from another run (a merge), which the index would otherwise
+            // keep alive whole until the run is finished.
+            self.block_first_key = Some(Bytes::copy_from_slice(&record.key));
         }
         let mut enc = Encoder::new(std::mem::take(&mut self.block));
         enc.bytes(&record.key);
@@ -170,7 +175,14 @@ impl<D: Disk> RunWriter<D> {
         };
         s.max_version = s.max_version.max(record.version);
         s.records += 1;
-        self.last = Some((record.key.clone(), record.version));
+        match &mut self.last {
+            Some((key, version)) => {
+                key.clear();
+                key.extend_from_slice(&record.key);
+                *version = record.version;
+            }
+            None => self.last = Some((record.key.to_vec(), record.version)),
+        }
         if self.block.len() >= BLOCK_BYTES_TARGET {
             self.finish_block()?;
         }

@@ -569,3 +569,35 @@ fn a_flush_runs_while_a_merge_is_in_flight_and_a_crash_anywhere_recovers_a_manif
         "every outcome is seen: {outcomes:?}"
     );
 }
+
+/// A run being written keeps nothing of the records pushed into it: a
+/// merge reads its sources in blocks, and an index entry holding a slice
+/// of one (its first key) kept every source block alive until the merge
+/// finished (347 MB of a 400 MB merge, seen with heaptrack).
+#[test]
+fn a_run_being_written_keeps_no_slice_of_the_records_pushed() {
+    let disk = SimDisk::with_seed(9);
+    crate::disk::create_dir_durably(&disk, &dir()).unwrap();
+    let mut writer = run::RunWriter::create(&disk, &dir().join("run.tmp")).unwrap();
+    // A "block read from a source run": keys and values are slices of it.
+    let mut source = Vec::new();
+    for i in 0..2000u32 {
+        source.extend_from_slice(format!("key-{i:06}").as_bytes());
+    }
+    let source = Bytes::from(source);
+    for i in 0..2000usize {
+        let record = Record {
+            key: source.slice(i * 10..i * 10 + 10),
+            version: 1,
+            tombstone: false,
+            value: source.slice(0..100),
+        };
+        writer.push(&record).unwrap();
+    }
+    assert!(
+        source.is_unique(),
+        "the writer holds a slice of the records' buffer"
+    );
+    let summary = writer.finish().unwrap();
+    assert_eq!(summary.records, 2000);
+}
