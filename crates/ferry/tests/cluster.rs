@@ -2444,3 +2444,66 @@ async fn with_the_state_on_disk_every_member_killed_comes_back_with_every_key() 
     put(&cluster, 1, "disk/after", "x").await;
     assert_eq!(get(&cluster, 2, "disk/after").await.as_deref(), Some("x"));
 }
+
+/// A cluster that kept its state in memory is restarted with
+/// `--kv-on-disk`: each member finds no store of its own behind a log
+/// compacted through a snapshot that holds the whole state, restores the
+/// store from it, applies the log after it, and serves every key at its
+/// revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_kept_in_memory_moves_its_state_to_disk_when_restarted_with_kv_on_disk() {
+    let mut cluster = Cluster::with_args(
+        "memory-to-disk",
+        3,
+        &["--snapshot-entries", "40", "--compaction-lag-entries", "4"],
+    );
+    let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let mut kv = KvClient::new(connect(&cluster, leader).await);
+    let mut revisions = Vec::new();
+    for i in 0..200 {
+        let response = kv
+            .put(PutRequest {
+                key: format!("moved/{i:03}").into_bytes(),
+                value: format!("value {i}").into_bytes(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        revisions.push(response.header.unwrap().revision);
+    }
+    for id in [1, 2, 3] {
+        cluster.kill(id);
+    }
+    cluster.extra_args.push("--kv-on-disk".to_string());
+    for id in [1, 2, 3] {
+        cluster.start(id);
+    }
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    for id in [1, 2, 3] {
+        let response = retry(&cluster, id, "range moved/", |channel| async move {
+            KvClient::new(channel)
+                .range(RangeRequest {
+                    key: b"moved/".to_vec(),
+                    range_end: b"moved0".to_vec(),
+                    ..Default::default()
+                })
+                .await
+        })
+        .await
+        .into_inner();
+        assert_eq!(response.kvs.len(), 200, "node {id}");
+        for (i, kv) in response.kvs.iter().enumerate() {
+            assert_eq!(kv.value, format!("value {i}").into_bytes(), "node {id}");
+            assert_eq!(kv.mod_revision, revisions[i], "node {id} key {i}");
+        }
+        let store = cluster.nodes[(id - 1) as usize].data_dir.join("kv");
+        assert!(
+            store.is_dir(),
+            "node {id} keeps its state in {}",
+            store.display()
+        );
+    }
+    put(&cluster, 1, "moved/after", "x").await;
+    assert_eq!(get(&cluster, 3, "moved/after").await.as_deref(), Some("x"));
+}

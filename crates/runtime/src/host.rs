@@ -402,10 +402,21 @@ impl NodeHost {
         };
         let restored = recovery.restored_state(founders);
         let mut snapshot_bytes = 0;
-        // A durable machine holds its own state; its snapshot files only
-        // mark how far the log was compacted.
-        if restored.snapshot.index > 0 && machine.durability() == Durability::InMemory {
-            let index = restored.snapshot.index;
+        // A machine in memory is restored from the latest snapshot. A
+        // durable one holds its own state, and the log was compacted only
+        // behind what it made durable, so it stands at or past the
+        // snapshot; if it does not, its state is not the one the log was
+        // compacted for: a snapshot that holds a whole state (written while
+        // the machine was kept in memory) brings it there, and without one
+        // the group refuses to start rather than skip what the log no
+        // longer holds.
+        let index = restored.snapshot.index;
+        let needs_snapshot = index > 0
+            && match machine.durability() {
+                Durability::InMemory => true,
+                Durability::Durable => machine.applied_index() < index,
+            };
+        if needs_snapshot {
             let (reply, answer) = oneshot::channel();
             self.log(LogRequest::ReadSnapshot {
                 group,
@@ -421,6 +432,21 @@ impl NodeHost {
                     group,
                     reason: format!("its snapshot {index} is missing"),
                 })?;
+            if data.is_empty() {
+                let reason = match machine.durability() {
+                    Durability::InMemory => format!(
+                        "snapshot {index} holds no state: it was taken by a machine that keeps \
+                         its state on disk, and this one keeps it in memory"
+                    ),
+                    Durability::Durable => format!(
+                        "the state machine's own state stands at index {}, but the log was \
+                         compacted through {index}: its state is missing or older than the log \
+                         (restore the data directory, or remove the member and add it back)",
+                        machine.applied_index()
+                    ),
+                };
+                return Err(GroupError::Start { group, reason });
+            }
             machine
                 .restore(&mut &data[..])
                 .map_err(|error| GroupError::Start {

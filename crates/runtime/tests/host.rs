@@ -714,6 +714,25 @@ async fn a_durable_machine_is_compacted_behind_streamed_to_a_late_member_and_not
         1,
         "commands the machine held were applied again"
     );
+    // Node 2's machine loses its own state (its file is gone): the log was
+    // compacted behind that state, so the group refuses to start instead
+    // of applying only what the log still holds.
+    handles.remove(&2);
+    cluster.stop(2).await;
+    std::fs::remove_file(cluster.dir.join("journal-2")).unwrap();
+    let host2 = cluster.start(2).await.clone();
+    let (machine, applies) = journal(&cluster, 2);
+    let refused = host2
+        .start_group(1, Membership::Found(vec![1, 2, 3]), machine)
+        .await
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("stands at index 0") && refused.contains("compacted through"),
+        "{refused}"
+    );
+    assert_eq!(applies.load(Ordering::SeqCst), 0, "nothing was applied");
 }
 
 /// A member whose machine cannot apply a committed command (its disk
