@@ -50,7 +50,7 @@ pub mod mvcc;
 pub use ferry_runtime::transport as peer;
 pub use ferry_runtime::{log_limit, member_id};
 pub mod node;
-pub mod snapshot_reader;
+pub(crate) mod snapshot_reader;
 pub mod state;
 pub mod tls;
 pub mod watch;
