@@ -40,6 +40,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, &[])
+    }
+
+    /// Three nodes, each with `extra_args` besides the usual ones.
+    fn start_with(name: &str, extra_args: &[&str]) -> Cluster {
         let dir = std::env::temp_dir().join(format!("ferry-metrics-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -73,6 +78,7 @@ impl Cluster {
             for member in &members {
                 command.args(["--member", member]);
             }
+            command.args(extra_args);
             command
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
@@ -702,4 +708,53 @@ async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
             && s.value("ferry_peer_connected", &[("To", "3")]) == Some(0.0)
     })
     .await;
+}
+
+/// With the state on disk, the backend commit histogram counts the
+/// store's flushes (as etcd's counts its bbolt commits), and the store's
+/// shape is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_state_on_disk_the_store_reports_its_flushes_and_shape() {
+    let cluster = Cluster::start_with("store", &["--kv-on-disk", "--snapshot-entries", "20"]);
+    wait_for_leader(&cluster, 1).await;
+    let mut kv = KvClient::new(channel(cluster.node(1).client_port).await.unwrap());
+    let mut done = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done < PUTS {
+        let put = kv
+            .put(PutRequest {
+                key: format!("key-{done}").into(),
+                value: vec![b'v'; 100],
+                ..Default::default()
+            })
+            .await;
+        if put.is_ok() {
+            done += 1;
+        }
+        assert!(Instant::now() < deadline, "puts fail\n{}", cluster.log());
+    }
+    for node in &cluster.nodes {
+        let s = scrape_until(&cluster, node.metrics_port, "a flush", |s| {
+            s.histogram_count("etcd_disk_backend_commit_duration_seconds", &[]) > 0.0
+                && s.value("ferry_kv_store_runs", &[])
+                    .is_some_and(|runs| runs >= 1.0)
+        })
+        .await;
+        assert!(
+            s.value("ferry_kv_store_written_bytes_total", &[]).unwrap() > 0.0,
+            "node {}",
+            node.id
+        );
+        for gauge in [
+            "ferry_kv_store_memtable_bytes",
+            "ferry_kv_store_frozen_layers",
+            "ferry_kv_store_run_index_bytes",
+        ] {
+            assert!(s.value(gauge, &[]).is_some(), "node {}: {gauge}", node.id);
+        }
+        assert_eq!(
+            s.kind("ferry_kv_store_merge_duration_seconds"),
+            Some("histogram")
+        );
+    }
 }

@@ -33,7 +33,7 @@ pub type PeerHistograms = Family<PeerLabel, Histogram, fn() -> Histogram>;
 
 /// Disk latencies: 1 ms to about 8 s, doubling (etcd's buckets for its
 /// fsync and backend commit histograms).
-fn disk_histogram() -> Histogram {
+pub fn disk_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
 }
 

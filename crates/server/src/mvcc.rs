@@ -876,6 +876,11 @@ impl MvccStore {
         let stats = self.versions.stats();
         (stats.memtable_bytes as u64).saturating_add(stats.run_file_bytes)
     }
+
+    /// The version store's figures (memtable, frozen layers, runs).
+    pub fn store_stats(&self) -> ferry_storage::versions::StoreStats {
+        self.versions.stats()
+    }
 }
 
 /// Turns a stored version into a watch event.

@@ -6,6 +6,8 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use ferry_runtime::metrics::disk_histogram;
+use ferry_runtime::prometheus_client::metrics::histogram::Histogram;
 use ferry_storage::versions::JobLane;
 
 use crate::auth_token::SimpleTokenTable;
@@ -231,6 +233,27 @@ impl StateMachine {
 #[derive(Debug)]
 pub struct SharedState {
     inner: Mutex<StateMachine>,
+    store_jobs: StoreJobMetrics,
+}
+
+/// How long the jobs of a key-value store kept on disk took, each from
+/// the start of its run file to its manifest on disk, in seconds.
+#[derive(Debug)]
+pub struct StoreJobMetrics {
+    /// Flushes of frozen memtables (the store's commits: each moves its
+    /// durable point).
+    pub flush_seconds: Histogram,
+    /// Merges of runs.
+    pub merge_seconds: Histogram,
+}
+
+impl Default for StoreJobMetrics {
+    fn default() -> Self {
+        StoreJobMetrics {
+            flush_seconds: disk_histogram(),
+            merge_seconds: disk_histogram(),
+        }
+    }
 }
 
 impl SharedState {
@@ -238,7 +261,13 @@ impl SharedState {
     pub fn new(machine: StateMachine) -> SharedState {
         SharedState {
             inner: Mutex::new(machine),
+            store_jobs: StoreJobMetrics::default(),
         }
+    }
+
+    /// How long the store's jobs took.
+    pub fn store_jobs(&self) -> &StoreJobMetrics {
+        &self.store_jobs
     }
 
     /// Locks the state. A panic while holding the lock cannot leave the

@@ -133,11 +133,25 @@ impl NodeMetrics {
             "The latency distributions of fsync called by WAL (ferry: each sync of the log all groups share)",
             runtime.log_sync_seconds.clone(),
         );
-        r.register(
-            "etcd_disk_backend_commit_duration_seconds",
-            "The latency distributions of commit called by backend (ferry: each snapshot of the key-value state written and synced)",
-            runtime.snapshot_write_seconds.clone(),
-        );
+        let store_jobs = self.backend.state().store_jobs();
+        if self.backend.kv_on_disk() {
+            r.register(
+                "etcd_disk_backend_commit_duration_seconds",
+                "The latency distributions of commit called by backend (ferry: each flush of the key-value store, from its run file to its manifest on disk)",
+                store_jobs.flush_seconds.clone(),
+            );
+            r.register(
+                "ferry_kv_store_merge_duration_seconds",
+                "Merges of the key-value store's runs, from the new run file to its manifest on disk",
+                store_jobs.merge_seconds.clone(),
+            );
+        } else {
+            r.register(
+                "etcd_disk_backend_commit_duration_seconds",
+                "The latency distributions of commit called by backend (ferry: each snapshot of the key-value state written and synced)",
+                runtime.snapshot_write_seconds.clone(),
+            );
+        }
         r.register(
             "etcd_network_peer_round_trip_time_seconds",
             "Round-Trip-Time histogram between peers (ferry: a ping over the link the groups share)",
@@ -145,11 +159,40 @@ impl NodeMetrics {
         );
 
         // The store.
-        let db_bytes = self.backend.state().lock().kv().store().size_bytes();
+        let (db_bytes, store) = {
+            let state = self.backend.state().lock();
+            let store = state.kv().store();
+            (store.size_bytes(), store.store_stats())
+        };
         r.register(
             "etcd_mvcc_db_total_size_in_bytes",
             "Total size of the underlying database in bytes (ferry: the MVCC store's size, as Status reports it)",
             ConstGauge::new(as_i64(db_bytes)),
+        );
+        r.register(
+            "ferry_kv_store_memtable_bytes",
+            "Bytes of versions written since the key-value store's last checkpoint",
+            ConstGauge::new(as_i64(store.memtable_bytes as u64)),
+        );
+        r.register(
+            "ferry_kv_store_frozen_layers",
+            "Checkpointed memtables of the key-value store not yet flushed to a run",
+            ConstGauge::new(as_i64(store.frozen_layers as u64)),
+        );
+        r.register(
+            "ferry_kv_store_runs",
+            "Run files of the key-value store",
+            ConstGauge::new(as_i64(store.runs as u64)),
+        );
+        r.register(
+            "ferry_kv_store_run_index_bytes",
+            "Bytes of run indexes the key-value store keeps in memory",
+            ConstGauge::new(as_i64(store.run_index_bytes as u64)),
+        );
+        r.register(
+            "ferry_kv_store_written_bytes",
+            "Bytes the key-value store wrote to run files and manifests since the node started",
+            ConstCounter::new(store.written_bytes),
         );
 
         // The client API.

@@ -70,6 +70,11 @@ impl RaftBackend {
         &self.group
     }
 
+    /// Whether the key-value state is kept on disk (`--kv-on-disk`).
+    pub(crate) fn kv_on_disk(&self) -> bool {
+        self.config.kv_on_disk
+    }
+
     /// The runtime's host the node runs on.
     pub(crate) fn host(&self) -> &NodeHost {
         &self.host

@@ -175,6 +175,7 @@ impl StoreHome {
                 let Some(job) = job else {
                     return;
                 };
+                let started = Instant::now();
                 let done = job.run();
                 let write = state.lock().finish_store_job(lane, done);
                 // The manifest is written without the state's lock: applies
@@ -184,7 +185,15 @@ impl StoreHome {
                         .commit()
                         .map_err(|e| KvError::Storage(e.to_string()))
                 }) {
-                    Ok(written) => state.lock().store_manifest_written(written),
+                    Ok(written) => {
+                        state.lock().store_manifest_written(written);
+                        let seconds = started.elapsed().as_secs_f64();
+                        let jobs = state.store_jobs();
+                        match lane {
+                            JobLane::Flush => jobs.flush_seconds.observe(seconds),
+                            JobLane::Merge => jobs.merge_seconds.observe(seconds),
+                        }
+                    }
                     Err(error) => {
                         tracing::error!(
                             %error,
