@@ -2391,20 +2391,7 @@ async fn with_the_state_on_disk_every_member_killed_comes_back_with_every_key() 
         ],
     );
     let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
-    let mut kv = KvClient::new(connect(&cluster, leader).await);
-    let mut revisions = Vec::new();
-    for i in 0..300 {
-        let response = kv
-            .put(PutRequest {
-                key: format!("disk/{i:03}").into_bytes(),
-                value: format!("value {i}").into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        revisions.push(response.header.unwrap().revision);
-    }
+    let revisions = put_numbered(&cluster, leader, "disk/", 300).await;
     // Every member flushed runs and a manifest into its store.
     for node in &cluster.nodes {
         let store = node.data_dir.join("kv").join("store-0");
@@ -2422,24 +2409,7 @@ async fn with_the_state_on_disk_every_member_killed_comes_back_with_every_key() 
         cluster.start(id);
     }
     wait_for_leader(&cluster, &[1, 2, 3]).await;
-    for id in [1, 2, 3] {
-        let response = retry(&cluster, id, "range disk/", |channel| async move {
-            KvClient::new(channel)
-                .range(RangeRequest {
-                    key: b"disk/".to_vec(),
-                    range_end: b"disk0".to_vec(),
-                    ..Default::default()
-                })
-                .await
-        })
-        .await
-        .into_inner();
-        assert_eq!(response.kvs.len(), 300, "node {id}");
-        for (i, kv) in response.kvs.iter().enumerate() {
-            assert_eq!(kv.value, format!("value {i}").into_bytes(), "node {id}");
-            assert_eq!(kv.mod_revision, revisions[i], "node {id} key {i}");
-        }
-    }
+    assert_every_member_holds_numbered(&cluster, "disk/", &revisions).await;
     // And it goes on taking writes.
     put(&cluster, 1, "disk/after", "x").await;
     assert_eq!(get(&cluster, 2, "disk/after").await.as_deref(), Some("x"));
@@ -2458,20 +2428,7 @@ async fn a_cluster_kept_in_memory_moves_its_state_to_disk_when_restarted_with_kv
         &["--snapshot-entries", "40", "--compaction-lag-entries", "4"],
     );
     let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
-    let mut kv = KvClient::new(connect(&cluster, leader).await);
-    let mut revisions = Vec::new();
-    for i in 0..200 {
-        let response = kv
-            .put(PutRequest {
-                key: format!("moved/{i:03}").into_bytes(),
-                value: format!("value {i}").into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        revisions.push(response.header.unwrap().revision);
-    }
+    let revisions = put_numbered(&cluster, leader, "moved/", 200).await;
     for id in [1, 2, 3] {
         cluster.kill(id);
     }
@@ -2480,30 +2437,64 @@ async fn a_cluster_kept_in_memory_moves_its_state_to_disk_when_restarted_with_kv
         cluster.start(id);
     }
     wait_for_leader(&cluster, &[1, 2, 3]).await;
-    for id in [1, 2, 3] {
-        let response = retry(&cluster, id, "range moved/", |channel| async move {
-            KvClient::new(channel)
-                .range(RangeRequest {
-                    key: b"moved/".to_vec(),
-                    range_end: b"moved0".to_vec(),
-                    ..Default::default()
-                })
-                .await
-        })
-        .await
-        .into_inner();
-        assert_eq!(response.kvs.len(), 200, "node {id}");
-        for (i, kv) in response.kvs.iter().enumerate() {
-            assert_eq!(kv.value, format!("value {i}").into_bytes(), "node {id}");
-            assert_eq!(kv.mod_revision, revisions[i], "node {id} key {i}");
-        }
-        let store = cluster.nodes[(id - 1) as usize].data_dir.join("kv");
+    assert_every_member_holds_numbered(&cluster, "moved/", &revisions).await;
+    for node in &cluster.nodes {
+        let store = node.data_dir.join("kv");
         assert!(
             store.is_dir(),
-            "node {id} keeps its state in {}",
+            "node {} keeps its state in {}",
+            node.id,
             store.display()
         );
     }
     put(&cluster, 1, "moved/after", "x").await;
     assert_eq!(get(&cluster, 3, "moved/after").await.as_deref(), Some("x"));
+}
+
+/// Puts `count` keys `{prefix}{i:03}` = `value {i}` through `node`; their
+/// revisions.
+async fn put_numbered(cluster: &Cluster, node: u64, prefix: &str, count: usize) -> Vec<i64> {
+    let mut kv = KvClient::new(connect(cluster, node).await);
+    let mut revisions = Vec::new();
+    for i in 0..count {
+        let response = kv
+            .put(PutRequest {
+                key: format!("{prefix}{i:03}").into_bytes(),
+                value: format!("value {i}").into_bytes(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        revisions.push(response.header.unwrap().revision);
+    }
+    revisions
+}
+
+/// Every member serves exactly the keys [`put_numbered`] wrote under
+/// `prefix`, each at its revision.
+async fn assert_every_member_holds_numbered(cluster: &Cluster, prefix: &str, revisions: &[i64]) {
+    let key = prefix.as_bytes().to_vec();
+    let mut range_end = key.clone();
+    if let Some(last) = range_end.last_mut() {
+        *last += 1;
+    }
+    for node in &cluster.nodes {
+        let id = node.id;
+        let response = retry(cluster, id, &format!("range {prefix}"), |channel| {
+            let request = RangeRequest {
+                key: key.clone(),
+                range_end: range_end.clone(),
+                ..Default::default()
+            };
+            async move { KvClient::new(channel).range(request).await }
+        })
+        .await
+        .into_inner();
+        assert_eq!(response.kvs.len(), revisions.len(), "node {id}");
+        for (i, kv) in response.kvs.iter().enumerate() {
+            assert_eq!(kv.value, format!("value {i}").into_bytes(), "node {id}");
+            assert_eq!(kv.mod_revision, revisions[i], "node {id} key {i}");
+        }
+    }
 }

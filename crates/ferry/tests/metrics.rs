@@ -467,12 +467,9 @@ async fn scrape_until(
 
 const PUTS: u64 = 25;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
-    let mut cluster = Cluster::start("scrape");
-    let leader = wait_for_leader(&cluster, 1).await;
-    // Puts through node 1 (retried while an election settles: those that
-    // fail count too, so count the successes).
+/// [`PUTS`] puts through node 1 (retried while an election settles: those
+/// that fail count too, so count the successes).
+async fn put_through_node_1(cluster: &Cluster) {
     let mut kv = KvClient::new(channel(cluster.node(1).client_port).await.unwrap());
     let mut done = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -489,6 +486,13 @@ async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
         }
         assert!(Instant::now() < deadline, "puts fail\n{}", cluster.log());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
+    let mut cluster = Cluster::start("scrape");
+    let leader = wait_for_leader(&cluster, 1).await;
+    put_through_node_1(&cluster).await;
 
     for node in &cluster.nodes {
         let port = node.metrics_port;
@@ -717,22 +721,7 @@ async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
 async fn with_the_state_on_disk_the_store_reports_its_flushes_and_shape() {
     let cluster = Cluster::start_with("store", &["--kv-on-disk", "--snapshot-entries", "20"]);
     wait_for_leader(&cluster, 1).await;
-    let mut kv = KvClient::new(channel(cluster.node(1).client_port).await.unwrap());
-    let mut done = 0;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while done < PUTS {
-        let put = kv
-            .put(PutRequest {
-                key: format!("key-{done}").into(),
-                value: vec![b'v'; 100],
-                ..Default::default()
-            })
-            .await;
-        if put.is_ok() {
-            done += 1;
-        }
-        assert!(Instant::now() < deadline, "puts fail\n{}", cluster.log());
-    }
+    put_through_node_1(&cluster).await;
     for node in &cluster.nodes {
         let s = scrape_until(&cluster, node.metrics_port, "a flush", |s| {
             s.histogram_count("etcd_disk_backend_commit_duration_seconds", &[]) > 0.0

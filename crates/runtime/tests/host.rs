@@ -44,10 +44,7 @@ impl StateMachine for Journal {
     }
 
     fn restore(&mut self, snapshot: &mut dyn std::io::Read) -> Result<(), RestoreError> {
-        let mut snapshot_bytes = Vec::new();
-        snapshot
-            .read_to_end(&mut snapshot_bytes)
-            .map_err(|e| RestoreError::new(e.to_string()))?;
+        let snapshot_bytes = read_snapshot(snapshot)?;
         let snapshot = snapshot_bytes.as_slice();
         if self
             .refuse_restores
@@ -64,6 +61,15 @@ impl StateMachine for Journal {
         };
         Ok(())
     }
+}
+
+/// The whole of a snapshot handed to `restore` (these machines are small).
+fn read_snapshot(snapshot: &mut dyn std::io::Read) -> Result<Vec<u8>, RestoreError> {
+    let mut bytes = Vec::new();
+    snapshot
+        .read_to_end(&mut bytes)
+        .map_err(|e| RestoreError::new(e.to_string()))?;
+    Ok(bytes)
 }
 
 fn free_port() -> u16 {
@@ -597,10 +603,7 @@ impl StateMachine for FileJournal {
     }
 
     fn restore(&mut self, snapshot: &mut dyn std::io::Read) -> Result<(), RestoreError> {
-        let mut snapshot_bytes = Vec::new();
-        snapshot
-            .read_to_end(&mut snapshot_bytes)
-            .map_err(|e| RestoreError::new(e.to_string()))?;
+        let snapshot_bytes = read_snapshot(snapshot)?;
         let snapshot = snapshot_bytes.as_slice();
         let text = std::str::from_utf8(snapshot).map_err(|e| RestoreError::new(e.to_string()))?;
         self.lines = Self::parse(text);
