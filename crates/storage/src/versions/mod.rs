@@ -224,19 +224,10 @@ pub struct StoreStats {
 }
 
 /// A run file the store's shape includes, with its id.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct StoredRun<D: Disk> {
     id: u64,
     run: Arc<Run<D>>,
-}
-
-impl<D: Disk> Clone for StoredRun<D> {
-    fn clone(&self) -> Self {
-        StoredRun {
-            id: self.id,
-            run: self.run.clone(),
-        }
-    }
 }
 
 /// The two lanes jobs run in, one job at a time in each (see the module
@@ -266,8 +257,7 @@ pub struct VersionStore<D: Disk> {
     flushed_meta: Bytes,
     /// The id the next run gets.
     next_run_id: u64,
-    /// The manifest on disk, and its number.
-    manifest: Manifest,
+    /// The number of the manifest on disk (`durable_view` is its state).
     manifest_seq: u64,
     /// The number the last manifest built got.
     manifest_seq_built: u64,
@@ -355,7 +345,6 @@ impl<D: Disk> VersionStore<D> {
                 flushed_meta: manifest.meta.clone(),
                 next_run_id: manifest.next_run_id,
                 floor: manifest.floor,
-                manifest,
                 manifest_seq: 0,
                 manifest_seq_built: 0,
                 manifest_seq_written: Arc::new(Mutex::new(0)),
@@ -452,7 +441,7 @@ impl<D: Disk> VersionStore<D> {
 
     /// The durable point: the marker of the manifest on disk.
     pub fn durable_marker(&self) -> u64 {
-        self.manifest.marker
+        self.durable_view.marker
     }
 
     fn layers(&self) -> Vec<Layer<'_, D>> {
@@ -572,14 +561,6 @@ impl<D: Disk> VersionStore<D> {
                 Some(job)
             }
             JobLane::Flush | JobLane::Merge => None,
-        }
-    }
-
-    /// Whether a job of `lane` is handed out and not yet finished.
-    pub fn job_running(&self, lane: JobLane) -> bool {
-        match lane {
-            JobLane::Flush => self.flush_running,
-            JobLane::Merge => self.merge_running,
         }
     }
 
@@ -745,13 +726,7 @@ impl<D: Disk> VersionStore<D> {
             return;
         }
         self.manifest_seq = written.seq;
-        self.durable_view = StoreView {
-            frozen: Vec::new(),
-            runs: written.runs,
-            marker: written.manifest.marker,
-            meta: written.manifest.meta.clone(),
-        };
-        self.manifest = written.manifest;
+        self.durable_view = written.view;
     }
 
     /// Runs every job due, in both lanes, one after another on this thread,
@@ -972,8 +947,8 @@ impl<D: Disk> std::fmt::Debug for ManifestWrite<D> {
 /// A manifest on disk, for [`VersionStore::manifest_written`].
 pub struct ManifestWritten<D: Disk> {
     seq: u64,
-    manifest: Manifest,
-    runs: Vec<Arc<Run<D>>>,
+    /// The state the manifest stands for.
+    view: StoreView<D>,
     written_bytes: u64,
 }
 
@@ -981,7 +956,7 @@ impl<D: Disk> std::fmt::Debug for ManifestWritten<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManifestWritten")
             .field("seq", &self.seq)
-            .field("marker", &self.manifest.marker)
+            .field("marker", &self.view.marker)
             .finish_non_exhaustive()
     }
 }
@@ -1012,8 +987,12 @@ impl<D: Disk> ManifestWrite<D> {
         }
         Ok(ManifestWritten {
             seq: self.seq,
-            manifest: self.manifest,
-            runs: self.runs,
+            view: StoreView {
+                frozen: Vec::new(),
+                runs: self.runs,
+                marker: self.manifest.marker,
+                meta: self.manifest.meta,
+            },
             written_bytes,
         })
     }
