@@ -327,12 +327,8 @@ impl<D: Disk> VersionStore<D> {
             meta: manifest.meta.clone(),
             floor: manifest.floor,
         };
-        let durable_view = StoreView {
-            frozen: Vec::new(),
-            runs: runs.iter().map(|r| r.run.clone()).collect(),
-            marker: manifest.marker,
-            meta: manifest.meta.clone(),
-        };
+        let durable_view =
+            StoreView::of_manifest(&manifest, runs.iter().map(|r| r.run.clone()).collect());
         Ok((
             VersionStore {
                 disk,
@@ -767,6 +763,16 @@ pub struct StoreView<D: Disk> {
 }
 
 impl<D: Disk> StoreView<D> {
+    /// The state a manifest on disk stands for: its runs, nothing frozen.
+    fn of_manifest(manifest: &Manifest, runs: Vec<Arc<Run<D>>>) -> StoreView<D> {
+        StoreView {
+            frozen: Vec::new(),
+            runs,
+            marker: manifest.marker,
+            meta: manifest.meta.clone(),
+        }
+    }
+
     /// Every version in `[start, end)` in (key, version) order.
     pub fn iter<'a>(&'a self, start: &[u8], end: Bound<&[u8]>) -> VersionIter<'a, D> {
         let layers = self
@@ -987,12 +993,7 @@ impl<D: Disk> ManifestWrite<D> {
         }
         Ok(ManifestWritten {
             seq: self.seq,
-            view: StoreView {
-                frozen: Vec::new(),
-                runs: self.runs,
-                marker: self.manifest.marker,
-                meta: self.manifest.meta,
-            },
+            view: StoreView::of_manifest(&self.manifest, self.runs),
             written_bytes,
         })
     }
