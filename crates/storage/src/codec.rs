@@ -176,6 +176,17 @@ impl Decoder {
     }
     /// Reads a length-prefixed byte string of at most `max` bytes.
     pub fn bytes(&mut self, what: &'static str, max: u64) -> Result<Bytes, DecodeError> {
+        let span = self.bytes_span(what, max)?;
+        Ok(self.data.slice(span))
+    }
+    /// Reads a length-prefixed byte string of at most `max` bytes and
+    /// returns where it is in the input, for a caller that only compares
+    /// it in place ([`Decoder::input`]) and keeps few.
+    pub fn bytes_span(
+        &mut self,
+        what: &'static str,
+        max: u64,
+    ) -> Result<std::ops::Range<usize>, DecodeError> {
         let len = self.u32()? as u64;
         if len > max {
             return Err(DecodeError::TooLong { what, len, max });
@@ -187,9 +198,13 @@ impl Decoder {
                 needed: len - self.remaining(),
             });
         }
-        let out = self.data.slice(self.pos..self.pos + len);
+        let span = self.pos..self.pos + len;
         self.pos += len;
-        Ok(out)
+        Ok(span)
+    }
+    /// The whole input (spans from [`Decoder::bytes_span`] index it).
+    pub fn input(&self) -> &Bytes {
+        &self.data
     }
     /// Reads a count and checks it against a limit and the bytes left,
     /// given the fewest bytes one item takes.

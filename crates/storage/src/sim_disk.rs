@@ -82,6 +82,8 @@ struct State {
     failing_create_errno: i32,
     units_used: u64,
     sync_ticks: u64,
+    /// Positioned reads done, through readers and the disk itself.
+    reads: u64,
     dirs: BTreeSet<PathBuf>,
     inodes: BTreeMap<u64, Inode>,
     next_inode: u64,
@@ -186,6 +188,7 @@ impl SimDisk {
                 failing_create_errno: 0,
                 units_used: 0,
                 sync_ticks: 0,
+                reads: 0,
                 dirs: BTreeSet::new(),
                 inodes: BTreeMap::new(),
                 next_inode: 1,
@@ -238,6 +241,12 @@ impl SimDisk {
     /// Whether the fault budget has run out.
     pub fn is_powered_off(&self) -> bool {
         self.lock().powered_off
+    }
+
+    /// Positioned reads done so far (for tests that a lookup reads no more
+    /// than it must).
+    pub fn reads(&self) -> u64 {
+        self.lock().reads
     }
 
     /// The sum of the latencies of the syncs since the last call.
@@ -411,8 +420,9 @@ pub struct SimReader {
 
 impl DiskReader for SimReader {
     fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let s = self.disk.lock();
+        let mut s = self.disk.lock();
         s.check_on()?;
+        s.reads += 1;
         let Some(inode) = s.inodes.get(&self.inode) else {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -510,8 +520,9 @@ impl Disk for SimDisk {
     }
 
     fn read_exact_at(&self, path: &Path, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let s = self.lock();
+        let mut s = self.lock();
         s.check_on()?;
+        s.reads += 1;
         let id = s.inode_of(path)?;
         let data = s
             .inodes

@@ -67,6 +67,7 @@
 //! one does, so an older one found superseded is simply not written.
 //! Reads and writes go on meanwhile.
 
+pub mod filter;
 pub mod manifest;
 pub mod run;
 

@@ -5,7 +5,8 @@
 //! block  := record* crc32c(block)            (about BLOCK_BYTES_TARGET each)
 //! record := key (u32 len + bytes) | version u64 | flags u8 | value (u32 len + bytes)
 //! index  := count u32 | (first_key, offset u64, len u32, records u32,
-//!                        min_version u64, max_version u64)* crc32c(index)
+//!                        min_version u64, max_version u64)*
+//!           last_key (u32 len + bytes) | filter crc32c(index)
 //! footer := magic u64 | format u32 | index_offset u64 | index_len u64
 //!           | records u64 | min_version u64 | max_version u64 | crc32c(footer)
 //! ```
@@ -14,13 +15,18 @@
 //! named in the manifest, so a run the manifest names is whole; its
 //! checksums catch a disk that damages it later, and every length read
 //! from it is checked against the file before anything is allocated.
-//! The index (one entry per block) is the only part kept in memory.
+//! The index (one entry per block), the last key and the key filter
+//! ([`super::filter`]) are the only parts kept in memory: a point lookup
+//! of a key outside the run's key range or refused by its filter reads no
+//! block, and one that reads a block compares keys in place and builds
+//! only the record it returns.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::filter::{key_hash, KeyFilter};
 use super::Record;
 use crate::codec::{Decoder, Encoder};
 use crate::disk::{Disk, DiskFile, DiskReader};
@@ -38,7 +44,8 @@ pub const KEY_BYTES_MAX: u64 = 16 * 1024 * 1024;
 pub const VALUE_BYTES_MAX: u64 = 128 * 1024 * 1024;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"FERRYRUN");
-const FORMAT: u32 = 1;
+/// Format 2 added the last key and the key filter to the index.
+const FORMAT: u32 = 2;
 const FOOTER_BYTES: u64 = 8 + 4 + 8 + 8 + 8 + 8 + 8 + 4;
 const FLAG_TOMBSTONE: u8 = 1;
 /// Fewest bytes one record takes (empty key and value).
@@ -90,6 +97,8 @@ pub struct RunWriter<D: Disk> {
     /// The last record's key (a copy, reused) and version, for the order
     /// check.
     last: Option<(Vec<u8>, u64)>,
+    /// One [`key_hash`] per distinct key, for the filter.
+    key_hashes: Vec<u32>,
     summary: RunSummary,
 }
 
@@ -119,6 +128,7 @@ impl<D: Disk> RunWriter<D> {
             index: Vec::new(),
             offset: 0,
             last: None,
+            key_hashes: Vec::new(),
             summary: RunSummary {
                 records: 0,
                 min_version: 0,
@@ -175,6 +185,13 @@ impl<D: Disk> RunWriter<D> {
         };
         s.max_version = s.max_version.max(record.version);
         s.records += 1;
+        let new_key = self
+            .last
+            .as_ref()
+            .is_none_or(|(key, _)| key.as_slice() != record.key.as_ref());
+        if new_key {
+            self.key_hashes.push(key_hash(&record.key));
+        }
         match &mut self.last {
             Some((key, version)) => {
                 key.clear();
@@ -238,6 +255,8 @@ impl<D: Disk> RunWriter<D> {
             enc.u64(handle.min_version);
             enc.u64(handle.max_version);
         }
+        enc.bytes(self.last.as_ref().map_or(&[][..], |(key, _)| key.as_slice()));
+        KeyFilter::build(&self.key_hashes).encode(&mut enc);
         let mut index = enc.into_inner();
         let crc = crc32c::crc32c(&index);
         index.extend_from_slice(&crc.to_le_bytes());
@@ -268,6 +287,9 @@ pub struct Run<D: Disk> {
     reader: D::Reader,
     path: PathBuf,
     index: Vec<BlockHandle>,
+    /// The key of its last record (empty when the run is).
+    last_key: Bytes,
+    filter: KeyFilter,
     summary: RunSummary,
 }
 
@@ -344,7 +366,7 @@ impl<D: Disk> Run<D> {
             return Err(corrupt(index_offset, "index checksum mismatch".to_string()));
         }
         let mut d = Decoder::new(index_bytes.slice(..body_len));
-        let index = (|| -> std::result::Result<_, DecodeError> {
+        let (index, last_key, filter) = (|| -> std::result::Result<_, DecodeError> {
             let count = d.count("run index entries", u32::MAX as u64, INDEX_ENTRY_BYTES_MIN)?;
             let mut index = Vec::with_capacity(count);
             for _ in 0..count {
@@ -357,8 +379,10 @@ impl<D: Disk> Run<D> {
                     max_version: d.u64()?,
                 });
             }
+            let last_key = d.bytes("last key", KEY_BYTES_MAX)?;
+            let filter = KeyFilter::decode(&mut d, index_len)?;
             d.finish()?;
-            Ok(index)
+            Ok((index, last_key, filter))
         })()
         .map_err(|e| corrupt(index_offset, e.to_string()))?;
         // Blocks must tile the file before the index, in key order.
@@ -377,6 +401,17 @@ impl<D: Disk> Run<D> {
             expected = expected.saturating_add(u64::from(handle.len));
             total_records = total_records.saturating_add(u64::from(handle.records));
         }
+        let key_range_holds = match (index.first(), index.last()) {
+            (Some(_), Some(last)) => last.first_key <= last_key,
+            (None, None) => last_key.is_empty(),
+            _ => false,
+        };
+        if !key_range_holds {
+            return Err(corrupt(
+                index_offset,
+                "the last key is before a block's first key".to_string(),
+            ));
+        }
         if expected != index_offset || total_records != records {
             return Err(corrupt(
                 index_offset,
@@ -387,6 +422,8 @@ impl<D: Disk> Run<D> {
             reader,
             path: path.to_path_buf(),
             index,
+            last_key,
+            filter,
             summary: RunSummary {
                 records,
                 min_version,
@@ -411,18 +448,33 @@ impl<D: Disk> Run<D> {
         &self.index
     }
 
-    /// Bytes of the index kept in memory (roughly).
+    /// Bytes of the index, last key and key filter kept in memory
+    /// (roughly).
     pub fn index_bytes(&self) -> usize {
-        self.index
+        let blocks: usize = self
+            .index
             .iter()
             .map(|h| h.first_key.len() + std::mem::size_of::<BlockHandle>())
-            .sum()
+            .sum();
+        blocks + self.last_key.len() + self.filter.size_bytes()
     }
 
-    /// The records of block `i`, checked against its checksum.
-    pub fn read_block(&self, i: usize) -> Result<Vec<Record>> {
+    /// False when the run surely holds no version of `key` (outside its
+    /// key range, or refused by its filter), without reading a block.
+    pub fn may_hold(&self, key: &[u8]) -> bool {
+        let Some(first) = self.index.first() else {
+            return false;
+        };
+        first.first_key.as_ref() <= key
+            && key <= self.last_key.as_ref()
+            && self.filter.may_contain(key)
+    }
+
+    /// The body of block `i` (without its checksum), checked against its
+    /// checksum.
+    fn block_body(&self, i: usize) -> Result<Option<(&BlockHandle, Bytes)>> {
         let Some(handle) = self.index.get(i) else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let bytes = read_checked(
             &self.reader,
@@ -430,46 +482,58 @@ impl<D: Disk> Run<D> {
             handle.offset,
             u64::from(handle.len),
         )?;
-        let corrupt = |reason: String| StorageError::Corrupt {
-            path: self.path.clone(),
-            offset: handle.offset,
-            reason,
-        };
         let body_len = bytes.len().saturating_sub(4);
         let (body, crc) = bytes.split_at(body_len);
         let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
         if crc32c::crc32c(body) != stored {
-            return Err(corrupt("block checksum mismatch".to_string()));
+            return Err(self.corrupt_block(handle, "block checksum mismatch".to_string()));
         }
-        let mut d = Decoder::new(bytes.slice(..body_len));
+        Ok(Some((handle, bytes.slice(..body_len))))
+    }
+
+    fn corrupt_block(&self, handle: &BlockHandle, reason: String) -> StorageError {
+        StorageError::Corrupt {
+            path: self.path.clone(),
+            offset: handle.offset,
+            reason,
+        }
+    }
+
+    /// Calls `visit` with each record of block `i` in order, until it
+    /// returns false; then checks that the block held exactly the records
+    /// its index entry says, if it was read to the end.
+    fn scan_block(
+        &self,
+        i: usize,
+        mut visit: impl FnMut(&Bytes, RecordSpan) -> bool,
+    ) -> Result<()> {
+        let Some((handle, body)) = self.block_body(i)? else {
+            return Ok(());
+        };
+        let mut d = Decoder::new(body);
+        for _ in 0..handle.records {
+            let span = RecordSpan::decode(&mut d)
+                .map_err(|e| self.corrupt_block(handle, e.to_string()))?;
+            if !visit(d.input(), span) {
+                return Ok(());
+            }
+        }
+        d.finish()
+            .map_err(|e| self.corrupt_block(handle, e.to_string()))
+    }
+
+    /// The records of block `i`, checked against its checksum.
+    pub fn read_block(&self, i: usize) -> Result<Vec<Record>> {
         // The count comes from the disk: capacity only for what the block
         // could hold.
-        let mut records =
-            Vec::with_capacity((handle.records as usize).min(body_len / RECORD_BYTES_MIN));
-        for _ in 0..handle.records {
-            let record = (|| -> std::result::Result<_, DecodeError> {
-                let key = d.bytes("key", KEY_BYTES_MAX)?;
-                let version = d.u64()?;
-                let flags = d.u8()?;
-                let value = d.bytes("value", VALUE_BYTES_MAX)?;
-                if flags & !FLAG_TOMBSTONE != 0 {
-                    return Err(DecodeError::UnknownTag {
-                        what: "record flags",
-                        tag: flags,
-                        at: d.position(),
-                    });
-                }
-                Ok(Record {
-                    key,
-                    version,
-                    tombstone: flags & FLAG_TOMBSTONE != 0,
-                    value,
-                })
-            })()
-            .map_err(|e| corrupt(e.to_string()))?;
-            records.push(record);
-        }
-        d.finish().map_err(|e| corrupt(e.to_string()))?;
+        let capacity = self.index.get(i).map_or(0, |h| {
+            (h.records as usize).min(h.len as usize / RECORD_BYTES_MIN)
+        });
+        let mut records = Vec::with_capacity(capacity);
+        self.scan_block(i, |body, span| {
+            records.push(span.record(body));
+            true
+        })?;
         Ok(records)
     }
 
@@ -484,22 +548,76 @@ impl<D: Disk> Run<D> {
     /// The newest version of `key` at or below `version_max`, if this run
     /// holds one.
     pub fn latest(&self, key: &[u8], version_max: u64) -> Result<Option<Record>> {
+        if !self.may_hold(key) {
+            return Ok(None);
+        }
         let mut found = None;
+        let mut past = false;
         let mut i = self.seek_block(key);
         while let Some(handle) = self.index.get(i) {
-            if handle.first_key.as_ref() > key {
+            if past || handle.first_key.as_ref() > key {
                 break;
             }
             if handle.min_version <= version_max {
-                for record in self.read_block(i)? {
-                    if record.key.as_ref() == key && record.version <= version_max {
-                        found = Some(record);
+                // Records are in (key, version) order: the answer is the
+                // last of `key` at or below the bound, and the scan stops
+                // at the first record past it.
+                self.scan_block(i, |body, span| {
+                    match body[span.key.clone()].cmp(key) {
+                        std::cmp::Ordering::Less => true,
+                        std::cmp::Ordering::Equal if span.version <= version_max => {
+                            found = Some(span.record(body));
+                            true
+                        }
+                        std::cmp::Ordering::Equal | std::cmp::Ordering::Greater => {
+                            past = true;
+                            false
+                        }
                     }
-                }
+                })?;
             }
             i += 1;
         }
         Ok(found)
+    }
+}
+
+/// One record of a block, its key and value as spans of the block.
+struct RecordSpan {
+    key: std::ops::Range<usize>,
+    version: u64,
+    tombstone: bool,
+    value: std::ops::Range<usize>,
+}
+
+impl RecordSpan {
+    fn decode(d: &mut Decoder) -> std::result::Result<RecordSpan, DecodeError> {
+        let key = d.bytes_span("key", KEY_BYTES_MAX)?;
+        let version = d.u64()?;
+        let flags = d.u8()?;
+        let value = d.bytes_span("value", VALUE_BYTES_MAX)?;
+        if flags & !FLAG_TOMBSTONE != 0 {
+            return Err(DecodeError::UnknownTag {
+                what: "record flags",
+                tag: flags,
+                at: d.position(),
+            });
+        }
+        Ok(RecordSpan {
+            key,
+            version,
+            tombstone: flags & FLAG_TOMBSTONE != 0,
+            value,
+        })
+    }
+
+    fn record(self, body: &Bytes) -> Record {
+        Record {
+            key: body.slice(self.key),
+            version: self.version,
+            tombstone: self.tombstone,
+            value: body.slice(self.value),
+        }
     }
 }
 

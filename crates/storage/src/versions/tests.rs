@@ -601,3 +601,62 @@ fn a_run_being_written_keeps_no_slice_of_the_records_pushed() {
     let summary = writer.finish().unwrap();
     assert_eq!(summary.records, 2000);
 }
+
+#[test]
+fn a_point_lookup_reads_only_blocks_of_runs_that_may_hold_the_key() {
+    let disk = SimDisk::with_seed(3);
+    // No merges: three runs stay three, each holding every third key.
+    let (mut store, _) = VersionStore::open(
+        disk.clone(),
+        &dir(),
+        VersionStoreOptions { merge_ratio: 0 },
+    )
+    .unwrap();
+    let keys = 600u64;
+    let key = |i: u64| format!("key-{i:04}").into_bytes();
+    let mut version = 0;
+    for run in 0..3 {
+        for i in (0..keys).filter(|i| i % 3 == run) {
+            version += 1;
+            store
+                .put(record(&key(i), version, false, &[run as u8; 200]))
+                .unwrap();
+        }
+        store.freeze(version, Bytes::new());
+        run_jobs(&mut store);
+    }
+    assert_eq!(store.stats().runs, 3);
+    let reads_of = |lookup: &dyn Fn()| {
+        let before = disk.reads();
+        lookup();
+        disk.reads() - before
+    };
+    // Outside every run's key range: no read at all.
+    for absent in [&b"a"[..], b"key-", b"zzz"] {
+        assert_eq!(
+            reads_of(&|| assert_eq!(store.latest(absent, version).unwrap(), None)),
+            0
+        );
+    }
+    // Inside the key ranges but in no run: the filters refuse nearly all
+    // (without them, each lookup would read one block of each run).
+    let absent_reads = reads_of(&|| {
+        for i in 0..keys {
+            let mut k = key(i);
+            k.push(b'x');
+            assert_eq!(store.latest(&k, version).unwrap(), None);
+        }
+    });
+    assert!(absent_reads <= keys * 3 / 20, "{absent_reads} block reads");
+    // A key held by one run: its block, and rarely another run's.
+    let present_reads = reads_of(&|| {
+        for i in 0..keys {
+            let found = store.latest(&key(i), version).unwrap().unwrap();
+            assert_eq!(found.value, vec![(i % 3) as u8; 200]);
+        }
+    });
+    assert!(
+        present_reads <= keys + keys * 3 / 20,
+        "{present_reads} block reads"
+    );
+}
