@@ -27,7 +27,8 @@
 #   acknowledged, bbolt backend committed every 100 ms or 10000 writes.
 #   Client ports 12379, 12479, 12579; peer ports 12380, 12480, 12580.
 # - ferry serve: a 100 ms tick (heartbeat every tick, election timeout 10 to
-#   20 ticks), a snapshot every 10000 entries, one fdatasync of the shared
+#   20 ticks), the state on disk checkpointed every 100000 entries or
+#   32 MiB of writes, one fdatasync of the shared
 #   log per batch of entries before they are acknowledged.
 #   Client ports 13379, 13479, 13579; peer ports 13380, 13480, 13580.
 # Neither clashes with `ferry dev` (2379/22379/32379, 2380/22380/32380).

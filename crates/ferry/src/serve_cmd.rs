@@ -83,14 +83,22 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS")]
     pub tick_ms: Option<u64>,
     /// Take a snapshot of the key-value state after this many log entries
-    /// (followers far behind are sent the snapshot). [default: 10000]
+    /// (followers far behind are sent the snapshot); on disk, a
+    /// checkpoint that flushes what changed. [default: 10000 in memory,
+    /// 100000 on disk]
     #[arg(long, value_name = "ENTRIES")]
     pub snapshot_entries: Option<u64>,
     /// Keep the key-value state on disk (`kv/` in the data directory),
-    /// flushed incrementally, instead of in memory with whole-state
-    /// snapshots. Not yet the default (see the README).
-    #[arg(long)]
+    /// flushed incrementally: the default (the flag is kept for scripts
+    /// that name it).
+    #[arg(long, conflicts_with = "kv_in_memory")]
     pub kv_on_disk: bool,
+    /// Keep the key-value state in memory, snapshotted whole every
+    /// --snapshot-entries entries, instead of on disk: for a small state,
+    /// or tests. A data directory whose state is on disk does not start
+    /// this way; one kept in memory moves to disk when started without it.
+    #[arg(long)]
+    pub kv_in_memory: bool,
     /// Join a running cluster instead of founding one. First add this node
     /// with `etcdctl member add NAME --peer-urls=http://PEER_ADDR [--learner]`
     /// and start it with the id that call printed, an empty
@@ -240,6 +248,7 @@ struct ServeFile {
     tick_ms: Option<u64>,
     snapshot_entries: Option<u64>,
     kv_on_disk: Option<bool>,
+    kv_in_memory: Option<bool>,
     compaction_lag_entries: Option<u64>,
     join: Option<bool>,
     max_client_connections: Option<usize>,
@@ -424,9 +433,12 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
         config.tick_interval = Duration::from_millis(tick_ms);
     }
     if let Some(entries) = args.snapshot_entries.or(file.snapshot_entries) {
-        config.snapshot_interval_entries = entries.max(1);
+        config.snapshot_interval_entries = Some(entries.max(1));
     }
-    config.kv_on_disk = args.kv_on_disk || file.kv_on_disk.unwrap_or(false);
+    // On disk unless asked otherwise, on the command line (which wins) or
+    // in the file (`kv_in_memory = true` or `kv_on_disk = false`).
+    let in_memory_by_file = file.kv_in_memory.unwrap_or(false) || file.kv_on_disk == Some(false);
+    config.kv_on_disk = !args.kv_in_memory && (args.kv_on_disk || !in_memory_by_file);
     config.join = args.join || file.join.unwrap_or(false);
     if let Some(entries) = args.compaction_lag_entries.or(file.compaction_lag_entries) {
         config.compaction_lag_entries = entries;

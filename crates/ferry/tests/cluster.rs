@@ -749,14 +749,23 @@ fn big_value(i: usize, size_bytes: usize) -> Vec<u8> {
 /// holds the whole state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_receiving_a_large_snapshot_answers_every_request_and_catches_up() {
-    a_follower_receives_a_large_snapshot("big-snapshot", &[]).await;
+    a_follower_receives_a_large_snapshot("big-snapshot", &["--kv-in-memory"]).await;
 }
 
 /// The same with the state on disk: the follower is sent the leader's
-/// state at its durable point, streamed from its runs.
+/// state at its durable point, streamed from its runs, and restores it
+/// from the file it received, never holding the 256 MiB in memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_state_on_disk_a_follower_receiving_a_large_snapshot_answers_every_request() {
-    a_follower_receives_a_large_snapshot("big-snapshot-on-disk", &["--kv-on-disk"]).await;
+    let peak_kib =
+        a_follower_receives_a_large_snapshot("big-snapshot-on-disk", &["--kv-on-disk"]).await;
+    // The memtable (at most 32 MiB of versions, and one frozen), the
+    // runtime and the requests in flight; not the state received.
+    assert!(
+        peak_kib < 160 * 1024,
+        "the follower peaked at {} MiB while receiving 256 MiB",
+        peak_kib / 1024
+    );
 }
 
 /// Held by the tests that move hundreds of MiB between members, so that
@@ -765,7 +774,8 @@ async fn with_the_state_on_disk_a_follower_receiving_a_large_snapshot_answers_ev
 /// up on 256 MiB meets alone but not always beside another doing the same.
 static HEAVY_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) {
+/// Returns the lagging follower's peak resident memory (`VmHWM`, KiB).
+async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -> u64 {
     let _alone = HEAVY_TESTS.lock().await;
     const BIG_VALUES: usize = 256;
     const BIG_VALUE_BYTES: usize = 1 << 20;
@@ -927,6 +937,7 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) {
             .into_inner();
         assert!(local.kvs.len() == 1 && local.kvs[0].value == big_value(i, BIG_VALUE_BYTES));
     }
+    proc_status_kib(cluster.pid(lagging), "VmHWM")
 }
 
 /// The member list as node `id` reports it.
@@ -2415,24 +2426,30 @@ async fn with_the_state_on_disk_every_member_killed_comes_back_with_every_key() 
     assert_eq!(get(&cluster, 2, "disk/after").await.as_deref(), Some("x"));
 }
 
-/// A cluster that kept its state in memory is restarted with
-/// `--kv-on-disk`: each member finds no store of its own behind a log
+/// A cluster that kept its state in memory (`--kv-in-memory`) is
+/// restarted with its state on disk (the default): each member finds no store of its own behind a log
 /// compacted through a snapshot that holds the whole state, restores the
 /// store from it, applies the log after it, and serves every key at its
 /// revision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_kept_in_memory_moves_its_state_to_disk_when_restarted_with_kv_on_disk() {
+async fn a_cluster_kept_in_memory_moves_its_state_to_disk_when_restarted_without_kv_in_memory() {
     let mut cluster = Cluster::with_args(
         "memory-to-disk",
         3,
-        &["--snapshot-entries", "40", "--compaction-lag-entries", "4"],
+        &[
+            "--kv-in-memory",
+            "--snapshot-entries",
+            "40",
+            "--compaction-lag-entries",
+            "4",
+        ],
     );
     let leader = wait_for_leader(&cluster, &[1, 2, 3]).await;
     let revisions = put_numbered(&cluster, leader, "moved/", 200).await;
     for id in [1, 2, 3] {
         cluster.kill(id);
     }
-    cluster.extra_args.push("--kv-on-disk".to_string());
+    cluster.extra_args.retain(|arg| arg != "--kv-in-memory");
     for id in [1, 2, 3] {
         cluster.start(id);
     }
@@ -2449,6 +2466,18 @@ async fn a_cluster_kept_in_memory_moves_its_state_to_disk_when_restarted_with_kv
     }
     put(&cluster, 1, "moved/after", "x").await;
     assert_eq!(get(&cluster, 3, "moved/after").await.as_deref(), Some("x"));
+    // There is no way back: a member whose state is on disk refuses to
+    // start in memory, saying why, rather than serve an empty store.
+    cluster.kill(3);
+    cluster.extra_args.push("--kv-in-memory".to_string());
+    cluster.start(3);
+    let status = cluster.wait_exit(3, Duration::from_secs(30));
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(cluster.dir.join("node3.log")).unwrap();
+    assert!(
+        log.contains("is kept on disk") && log.contains("start it without --kv-in-memory"),
+        "{log}"
+    );
 }
 
 /// Puts `count` keys `{prefix}{i:03}` = `value {i}` through `node`; their

@@ -135,41 +135,10 @@ struct Snapshots {
     retry_at_tick: u64,
 }
 
-/// A snapshot arriving from the leader.
+/// A snapshot arriving from the leader: its chunks go to a file, which the
+/// machine restores from once it is sealed.
 struct Receiving {
     index: Index,
-    chunks: Vec<Bytes>,
-}
-
-/// Reads received chunks in order without joining them; each is freed
-/// once read.
-struct ChunkReader {
-    chunks: std::vec::IntoIter<Bytes>,
-    current: Bytes,
-}
-
-impl ChunkReader {
-    fn new(chunks: Vec<Bytes>) -> ChunkReader {
-        ChunkReader {
-            chunks: chunks.into_iter(),
-            current: Bytes::new(),
-        }
-    }
-}
-
-impl std::io::Read for ChunkReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.current.is_empty() {
-            match self.chunks.next() {
-                Some(chunk) => self.current = chunk,
-                None => return Ok(0),
-            }
-        }
-        let count = out.len().min(self.current.len());
-        out[..count].copy_from_slice(&self.current[..count]);
-        self.current = self.current.slice(count..);
-        Ok(count)
-    }
 }
 
 /// One group of machine `M`.
@@ -431,13 +400,7 @@ impl<M: StateMachine> Group<M> {
                 done,
             } => {
                 if offset == 0 {
-                    self.receiving = Some(Receiving {
-                        index: meta.index,
-                        chunks: Vec::new(),
-                    });
-                }
-                if let Some(receiving) = self.receiving.as_mut().filter(|r| r.index == meta.index) {
-                    receiving.chunks.push(data.clone());
+                    self.receiving = Some(Receiving { index: meta.index });
                 }
                 out.log.push(LogRequest::SaveChunk {
                     group: self.id,
@@ -872,7 +835,8 @@ impl<M: StateMachine> GroupRun for Group<M> {
             self.publish();
         }
         if self.receiving.is_some() && !self.node.is_receiving_snapshot() {
-            // The engine gave up on the transfer: free its chunks now.
+            // The engine gave up on the transfer: its file is not
+            // restored from, even if its last chunk is still being saved.
             self.receiving = None;
         }
         if self.snapshots.retry_at_tick == self.ticks {
@@ -916,6 +880,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 offset,
                 ok,
                 last,
+                received,
             } => {
                 if !ok || !last {
                     if !ok {
@@ -934,14 +899,13 @@ impl<M: StateMachine> GroupRun for Group<M> {
                 // The whole snapshot is on disk: restore the machine from
                 // it on a blocking thread, then install it (which resets
                 // the log).
-                let chunks = self.receiving.take().filter(|r| r.index == index);
-                match (chunks, self.machine.take()) {
-                    (Some(receiving), Some(mut machine)) => {
+                let expected = self.receiving.take().filter(|r| r.index == index);
+                match (expected.and(received), self.machine.take()) {
+                    (Some(mut reader), Some(mut machine)) => {
                         let workers = self.workers.clone();
                         let group = self.id;
                         tokio::task::spawn_blocking(move || {
-                            let bytes = receiving.chunks.iter().map(|c| c.len() as u64).sum();
-                            let mut reader = ChunkReader::new(receiving.chunks);
+                            let bytes = reader.data_bytes();
                             let outcome = machine
                                 .restore(&mut reader)
                                 .map(|()| bytes)
@@ -957,10 +921,10 @@ impl<M: StateMachine> GroupRun for Group<M> {
                             );
                         });
                     }
-                    (chunks, machine) => {
+                    (reader, machine) => {
                         self.machine = self.machine.take().or(machine);
-                        let reason = if chunks.is_none() {
-                            "its chunks were not kept"
+                        let reason = if reader.is_none() {
+                            "the transfer was given up"
                         } else {
                             "another restore is in flight"
                         };

@@ -133,6 +133,8 @@
 //! - [`snapshot_policy`]: when in-memory machines are snapshotted.
 //! - [`transport`]: the links between nodes and the wire form of engine
 //!   messages.
+//! - [`background`]: a lower CPU priority for a machine's background
+//!   threads.
 //! - [`connections`]: what accepting connections may cost a node.
 //! - [`log_limit`]: rate limits for warnings a remote party can trigger.
 //! - [`member_id`]: node ids as people read them.
@@ -142,6 +144,7 @@
 
 #![warn(missing_docs)]
 
+pub mod background;
 pub mod connections;
 mod error;
 mod group;

@@ -347,18 +347,21 @@ pub(crate) async fn run(
                 Finished::ReceivedSealed { writer, outcome, offset } => {
                     let group = writer.group();
                     let index = writer.meta().index;
-                    let ok = match outcome {
-                        Ok(()) => {
+                    // Sealed: the machine restores from the file itself.
+                    let received = outcome.and_then(|()| writer.data_reader());
+                    let received = match received {
+                        Ok(reader) => {
                             receiving.insert(group, writer);
-                            true
+                            Some(Box::new(reader))
                         }
                         Err(error) if error.is_transient() => {
                             storage.abandon_snapshot(writer);
-                            false
+                            None
                         }
                         Err(error) => return Err(error.into()),
                     };
-                    workers.complete(group, Completion::ChunkSaved { index, offset, ok, last: true });
+                    let ok = received.is_some();
+                    workers.complete(group, Completion::ChunkSaved { index, offset, ok, last: true, received });
                 }
             },
             _ = shutdown.wait_for(|stop| *stop), if requests_open => requests_open = false,
@@ -519,6 +522,7 @@ fn handle(
                         offset,
                         ok,
                         last: done,
+                        received: None,
                     },
                 )
             };

@@ -181,8 +181,11 @@ pub trait StateMachine: Send + 'static {
     /// Replaces the state with the one a snapshot holds (written by
     /// [`SnapshotSource::write_to`] on this or another member), read from
     /// `snapshot` as a stream: a machine that keeps its state on disk can
-    /// write it as it reads, in bounded memory. The snapshot was
-    /// checksummed in transit and at rest; an error here means the bytes do
+    /// write it as it reads, in bounded memory. A snapshot from the leader
+    /// is read from the file it was received into, one verified block at
+    /// a time, so the runtime holds none of it in memory either. The
+    /// snapshot was checksummed in transit and at rest (a block damaged on
+    /// disk since is an `InvalidData` read error); an error here means the bytes do
     /// not decode as this machine's state, and the runtime refuses the
     /// snapshot (the leader sends it again). On an error the state must be
     /// left as it was (decode first, then replace). Runs on a blocking

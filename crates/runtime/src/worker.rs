@@ -56,6 +56,11 @@ pub(crate) enum WorkerInput {
     },
 }
 
+/// The data of a snapshot received from the leader, sealed on disk and
+/// read back block by block to restore the machine from: a received state
+/// is never held in memory whole.
+pub(crate) type ReceivedSnapshot = Box<ferry_storage::SnapshotDataReader<ferry_storage::FsDisk>>;
+
 /// The answer to something a group asked of the storage.
 pub(crate) enum Completion {
     /// The group's writes through `seq` are durable.
@@ -78,12 +83,13 @@ pub(crate) enum Completion {
         entries: Option<Vec<ferry_raft::Entry>>,
     },
     /// A chunk of a snapshot from the leader was written (`last`: it was
-    /// the last, and the file is sealed).
+    /// the last, and the file is sealed: `received` reads it back).
     ChunkSaved {
         index: Index,
         offset: u64,
         ok: bool,
         last: bool,
+        received: Option<ReceivedSnapshot>,
     },
     /// A group's machine is back from restoring a received snapshot on a
     /// blocking thread (a `M` boxed), with the snapshot's size or why it

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_storage::versions::{
-    JobLane, ManifestWrite, ManifestWritten, Record, StoreView, VersionStore, VersionStoreOptions,
+    JobLane, ManifestWrite, ManifestWritten, RangeView, Record, StoreView, VersionStore,
+    VersionStoreOptions,
 };
 use ferry_storage::AnyDisk;
 
@@ -940,6 +941,11 @@ pub fn event_size_bytes(event: &Event) -> usize {
 /// store's lock for a bounded time however few keys it covers.
 pub const RANGE_STEP_BYTES_MAX: usize = 4 * 1024 * 1024;
 
+/// The part of the store one step of a [`RangeScan`] reads: a consistent
+/// view that later writes and compactions do not change.
+#[derive(Debug)]
+pub struct ScanView(RangeView<AnyDisk>);
+
 /// A Range over the store that can run in steps, each a bounded number of
 /// keys, so that a caller may release the store's lock between steps while
 /// the store goes on changing.
@@ -1019,37 +1025,79 @@ impl RangeScan {
         self.done
     }
 
-    /// Scans up to `keys_max` more keys of the range; returns whether the
-    /// scan is complete.
+    /// Scans up to `keys_max` more keys of the range, reading the store
+    /// in place; returns whether the scan is complete.
     pub fn step(&mut self, store: &MvccStore, keys_max: usize) -> Result<bool, KvError> {
-        if self.done {
+        let Some((start, upper)) = self.resume_point() else {
             return Ok(true);
+        };
+        let records = store
+            .versions
+            .iter(&start, upper.as_ref().map(Vec::as_slice));
+        self.scan(records, None, keys_max)
+    }
+
+    /// The part of the store the next step reads (`None` when the scan is
+    /// complete): cheap to take under the store's lock, and scanned with
+    /// [`RangeScan::scan_view`] after releasing it, so that however slowly
+    /// its versions come off the disk no apply waits for them.
+    pub fn next_view(&mut self, store: &MvccStore, keys_max: usize) -> Option<ScanView> {
+        let (start, upper) = self.resume_point()?;
+        let view = store
+            .versions
+            .range_view(&start, upper.as_ref().map(Vec::as_slice), keys_max);
+        Some(ScanView(view))
+    }
+
+    /// Scans up to `keys_max` keys of `view` (taken by
+    /// [`RangeScan::next_view`]); returns whether the scan is complete.
+    pub fn scan_view(&mut self, view: &ScanView, keys_max: usize) -> Result<bool, KvError> {
+        self.scan(view.0.iter(), view.0.cut(), keys_max)
+    }
+
+    /// Where the next step starts and the range's end; `None` (and the
+    /// scan marked complete) when nothing of the range is left.
+    fn resume_point(&mut self) -> Option<(Vec<u8>, Bound<Vec<u8>>)> {
+        if self.done {
+            return None;
         }
         let Some((lower, upper)) = self.range.bounds() else {
             self.done = true;
-            return Ok(true);
+            return None;
         };
         // Resume right after the last key scanned: its successor in key
         // order is the key with a zero byte appended.
-        let resume: Option<Vec<u8>> = self.resume_after.as_ref().map(|key| {
-            let mut next = key.clone();
-            next.push(0);
-            next
-        });
-        let start: &[u8] = match (&resume, lower) {
-            (Some(next), _) => next.as_slice(),
-            (None, Bound::Included(start) | Bound::Excluded(start)) => start,
-            (None, Bound::Unbounded) => &[],
+        let start = match (&self.resume_after, lower) {
+            (Some(last), _) => {
+                let mut next = last.clone();
+                next.push(0);
+                next
+            }
+            (None, Bound::Included(start) | Bound::Excluded(start)) => start.to_vec(),
+            (None, Bound::Unbounded) => Vec::new(),
         };
-        if !walkable(Bound::Included(start), upper) {
+        if !walkable(Bound::Included(&start), upper) {
             // Resumed after the last key the range can hold.
             self.done = true;
-            return Ok(true);
+            return None;
         }
+        Some((start, upper.map(<[u8]>::to_vec)))
+    }
+
+    /// Scans up to `keys_max` keys of `records`, the versions from the
+    /// resume point on, which hold every key of the range up to `cut` (to
+    /// its end without one).
+    fn scan(
+        &mut self,
+        records: impl Iterator<Item = ferry_storage::Result<Record>>,
+        cut: Option<&[u8]>,
+        keys_max: usize,
+    ) -> Result<bool, KvError> {
         let mut scanned = 0usize;
         let mut read_bytes = 0usize;
         let mut last_key: Option<Vec<u8>> = None;
-        let mut walk = groups(store.versions.iter(start, upper));
+        let mut walk = groups(records);
+        let mut walked_all = false;
         loop {
             // Keys and bytes both bound a step: versions read from disk
             // cost their size, whatever the response keeps of them.
@@ -1057,7 +1105,7 @@ impl RangeScan {
                 break;
             }
             let Some(group) = walk.next() else {
-                self.done = true;
+                walked_all = true;
                 break;
             };
             let records = group?;
@@ -1087,8 +1135,13 @@ impl RangeScan {
             self.bytes = self.bytes.saturating_add(kv.response_bytes(self.keys_only));
             self.kvs.push(kv);
         }
-        if !self.done {
-            self.resume_after = last_key;
+        match (walked_all, cut) {
+            // The whole range is scanned.
+            (true, None) => self.done = true,
+            // Every key up to the cut is scanned; the next view starts
+            // after it.
+            (true, Some(cut)) => self.resume_after = Some(cut.to_vec()),
+            (false, _) => self.resume_after = last_key,
         }
         Ok(self.done)
     }

@@ -287,15 +287,18 @@ impl SharedState {
     }
 
     /// A Range read from one consistent view, in steps of `keys_per_step`
-    /// keys with the lock released in between (`between` runs there), and
-    /// the response built after the last step, without the lock.
+    /// keys: each step takes a view of its part of the store under the
+    /// lock ([`RangeScan::next_view`]) and reads it without the lock
+    /// (`between` runs between steps); the response is built after the
+    /// last step, without the lock.
     ///
-    /// Why: a Range over a large keyspace takes a while to scan and much
-    /// longer to copy into a response; done under the lock it held up every
-    /// apply, and so every write, for as long. The view stays consistent
-    /// because the scan reads at the revision that was newest when it
-    /// started (see [`RangeScan`]); each step checks that no compaction
-    /// removed it meanwhile.
+    /// Why: a Range over a large keyspace takes a while to scan, longer
+    /// when its versions come off the disk, and much longer to copy into a
+    /// response; done under the lock it held up every apply, and so every
+    /// write, for as long. The result stays consistent because the scan
+    /// reads at the revision that was newest when it started (see
+    /// [`RangeScan`]); each step checks that no compaction removed it
+    /// before taking its view.
     pub fn range_in_steps(
         &self,
         request: &RangeRequest,
@@ -326,7 +329,16 @@ impl SharedState {
             revision
         };
         let mut scan = RangeScan::new(request, ReadAt::Revision(read_revision));
-        scan.step(store, keys_per_step)?;
+        if request.range_end.is_empty() {
+            // One key: its versions are few and read in place.
+            scan.step(store, keys_per_step)?;
+        } else {
+            let view = scan.next_view(store, keys_per_step);
+            drop(machine);
+            if let Some(view) = view {
+                scan.scan_view(&view, keys_per_step)?;
+            }
+        }
         Ok(RangeRead {
             scan,
             read_revision,
@@ -367,10 +379,16 @@ impl RangeRead {
     ) -> Result<RangeResponse, KvError> {
         while !self.scan.is_done() {
             between();
-            let machine = state.lock();
-            let store = machine.kv().store();
-            store.check_read_revision(self.read_revision)?;
-            self.scan.step(store, keys_per_step)?;
+            // Only taking the view needs the lock; reading it does not.
+            let view = {
+                let machine = state.lock();
+                let store = machine.kv().store();
+                store.check_read_revision(self.read_revision)?;
+                self.scan.next_view(store, keys_per_step)
+            };
+            if let Some(view) = view {
+                self.scan.scan_view(&view, keys_per_step)?;
+            }
         }
         let mut response = self.scan.into_response();
         response.header = Some(ResponseHeader {
@@ -381,7 +399,8 @@ impl RangeRead {
     }
 }
 
-/// Keys a Range scans per hold of the state lock: a few hundred
-/// microseconds of pointer copies, so an apply waits at most that long
-/// behind a read however large it is.
+/// Keys a Range step takes from the memtable per hold of the state lock:
+/// a few hundred microseconds of pointer copies at most, so an apply waits
+/// at most that long behind a read however large it is (the step reads the
+/// store's runs after releasing the lock).
 pub const RANGE_KEYS_PER_LOCK: usize = 1024;

@@ -191,6 +191,6 @@ pub use cache::EntryCache;
 pub use disk::{unique_temp_dir, Disk, DiskFile, DiskReader, FsDisk, FsFile, FsReader};
 pub use error::{DecodeError, Result, StorageError};
 pub use sim_disk::{CrashMode, SimDisk, SimDiskOptions, SimFile, SimReader};
-pub use snapshot::{SnapshotStore, SnapshotWriter};
+pub use snapshot::{SnapshotDataReader, SnapshotStore, SnapshotWriter};
 pub use storage::{GroupRecovery, RecoveryReport, Storage};
 pub use wal::{PendingSync, RecoveredLog, Wal, WalOptions, WalRecovery};

@@ -26,7 +26,7 @@ use ferry_raft::{GroupId, Index, SnapshotMeta};
 use crate::codec::{
     frame, read_frame, Decoder, Encoder, FrameRead, FRAME_HEADER_BYTES, RECORD_BYTES_MAX,
 };
-use crate::disk::{Disk, DiskFile};
+use crate::disk::{Disk, DiskFile, DiskReader};
 use crate::error::{Result, StorageError};
 
 /// The magic number at the start of every snapshot file: "FERRYSNP".
@@ -55,6 +55,30 @@ impl SnapshotFile {
     fn file_offset_of_block(&self, block: u64) -> u64 {
         self.header_bytes + block * (self.block_bytes + BLOCK_CRC_BYTES)
     }
+
+    /// Reads data block `block` with `read_at` and checks its checksum.
+    fn read_block(
+        &self,
+        block: u64,
+        read_at: impl FnOnce(u64, &mut [u8]) -> std::io::Result<()>,
+    ) -> Result<Vec<u8>> {
+        let start = block.saturating_mul(self.block_bytes);
+        let len = self.block_bytes.min(self.data_bytes.saturating_sub(start));
+        let at = self.file_offset_of_block(block);
+        let mut buf = vec![0u8; (len + BLOCK_CRC_BYTES) as usize];
+        read_at(at, &mut buf).map_err(|e| StorageError::opening("read snapshot", &self.path, e))?;
+        let (data, crc) = buf.split_at(len as usize);
+        let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        if crc32c::crc32c(data) != stored {
+            return Err(StorageError::corrupt(
+                &self.path,
+                at,
+                format!("checksum mismatch in snapshot block {block}"),
+            ));
+        }
+        buf.truncate(len as usize);
+        Ok(buf)
+    }
 }
 
 fn file_name(group: GroupId, meta: &SnapshotMeta) -> String {
@@ -80,6 +104,7 @@ pub struct SnapshotStore<D: Disk> {
 /// it leaves a temporary file that the next open removes.
 #[derive(Debug)]
 pub struct SnapshotWriter<D: Disk> {
+    disk: D,
     group: GroupId,
     meta: SnapshotMeta,
     tmp_path: PathBuf,
@@ -168,6 +193,45 @@ impl<D: Disk> SnapshotWriter<D> {
         Ok(())
     }
 
+    /// The file's layout, as it will be once sealed, at `path`.
+    fn layout(&self, path: PathBuf) -> SnapshotFile {
+        SnapshotFile {
+            meta: self.meta.clone(),
+            path,
+            header_bytes: self.header_bytes,
+            block_bytes: SNAPSHOT_BLOCK_BYTES as u64,
+            data_bytes: self.data_bytes,
+        }
+    }
+
+    /// A reader of the data written, once sealed: every block verified as
+    /// it is read, from disk, so that a received snapshot is restored from
+    /// its file in the memory of one block rather than held whole. The
+    /// reader keeps reading its file when [`SnapshotStore::finish`] moves
+    /// it into place.
+    pub fn data_reader(&self) -> Result<SnapshotDataReader<D>> {
+        if !self.sealed {
+            return Err(StorageError::InvalidRequest {
+                group: self.group,
+                reason: format!(
+                    "snapshot {} is still being received; it can be read once sealed",
+                    self.meta.index
+                ),
+            });
+        }
+        let reader = self
+            .disk
+            .open_read(&self.tmp_path)
+            .map_err(|e| StorageError::opening("open snapshot", &self.tmp_path, e))?;
+        Ok(SnapshotDataReader {
+            file: self.layout(self.tmp_path.clone()),
+            reader,
+            next_block: 0,
+            current: Vec::new(),
+            position: 0,
+        })
+    }
+
     fn write_block(&mut self) -> Result<()> {
         let crc = crc32c::crc32c(&self.block);
         self.block.extend_from_slice(&crc.to_le_bytes());
@@ -177,6 +241,53 @@ impl<D: Disk> SnapshotWriter<D> {
         self.block.clear();
         self.blocks += 1;
         Ok(())
+    }
+}
+
+/// The data of a sealed snapshot file, read in order one verified block at
+/// a time (see [`SnapshotWriter::data_reader`]). A damaged block is an
+/// [`std::io::ErrorKind::InvalidData`] error naming the file and offset.
+#[derive(Debug)]
+pub struct SnapshotDataReader<D: Disk> {
+    file: SnapshotFile,
+    reader: D::Reader,
+    next_block: u64,
+    /// The block being read, and how far.
+    current: Vec<u8>,
+    position: usize,
+}
+
+impl<D: Disk> SnapshotDataReader<D> {
+    /// The snapshot's size: the bytes this reader yields in all.
+    pub fn data_bytes(&self) -> u64 {
+        self.file.data_bytes
+    }
+}
+
+impl<D: Disk> std::io::Read for SnapshotDataReader<D> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.position == self.current.len() {
+            let start = self.next_block.saturating_mul(self.file.block_bytes);
+            if start >= self.file.data_bytes {
+                return Ok(0);
+            }
+            let reader = &self.reader;
+            self.current = self
+                .file
+                .read_block(self.next_block, |at, buf| reader.read_exact_at(at, buf))
+                .map_err(|e| match e {
+                    StorageError::Corrupt { .. } => {
+                        std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+                    }
+                    other => std::io::Error::other(other.to_string()),
+                })?;
+            self.position = 0;
+            self.next_block += 1;
+        }
+        let count = out.len().min(self.current.len() - self.position);
+        out[..count].copy_from_slice(&self.current[self.position..self.position + count]);
+        self.position += count;
+        Ok(count)
     }
 }
 
@@ -290,6 +401,7 @@ impl<D: Disk> SnapshotStore<D> {
         file.append(&header)
             .map_err(|e| StorageError::creating("write snapshot", &tmp_path, e))?;
         Ok(SnapshotWriter {
+            disk: self.disk.clone(),
             group,
             meta,
             tmp_path,
@@ -320,13 +432,7 @@ impl<D: Disk> SnapshotStore<D> {
         self.disk
             .sync_dir(&self.dir)
             .map_err(|e| StorageError::opening("sync directory", &self.dir, e))?;
-        let file = SnapshotFile {
-            meta: writer.meta.clone(),
-            path: path.clone(),
-            header_bytes: writer.header_bytes,
-            block_bytes: SNAPSHOT_BLOCK_BYTES as u64,
-            data_bytes: writer.data_bytes,
-        };
+        let file = writer.layout(path.clone());
         let files = self.groups.entry(writer.group).or_default();
         files.retain(|f| f.path != path);
         files.push(file);
@@ -373,24 +479,9 @@ impl<D: Disk> SnapshotStore<D> {
     }
 
     fn read_block(&self, file: &SnapshotFile, block: u64) -> Result<Vec<u8>> {
-        let start = block * file.block_bytes;
-        let len = file.block_bytes.min(file.data_bytes - start);
-        let at = file.file_offset_of_block(block);
-        let mut buf = vec![0u8; (len + BLOCK_CRC_BYTES) as usize];
-        self.disk
-            .read_exact_at(&file.path, at, &mut buf)
-            .map_err(|e| StorageError::opening("read snapshot", &file.path, e))?;
-        let (data, crc) = buf.split_at(len as usize);
-        let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        if crc32c::crc32c(data) != stored {
-            return Err(StorageError::corrupt(
-                &file.path,
-                at,
-                format!("checksum mismatch in snapshot block {block}"),
-            ));
-        }
-        buf.truncate(len as usize);
-        Ok(buf)
+        file.read_block(block, |at, buf| {
+            self.disk.read_exact_at(&file.path, at, buf)
+        })
     }
 
     /// Reads up to `size_bytes_max` bytes (at least one, if any remain) of

@@ -337,6 +337,63 @@ fn snapshots_round_trip_in_chunks<B: Backend>(b: B) {
     assert_eq!(s.snapshots.read_all(7, 50).unwrap().unwrap(), metas[4].1);
 }
 
+/// A received snapshot is restored from its own file, one verified block
+/// at a time, before it is installed; the reader goes on reading the file
+/// once it is moved into place, and a damaged block is an error, never
+/// other data.
+fn a_sealed_snapshot_reads_back_block_by_block<B: Backend>(b: B) {
+    use std::io::Read;
+    let (mut s, _) = open(&b, WalOptions::default());
+    for (k, size) in [0usize, 1, 65_536, 200_001].into_iter().enumerate() {
+        let meta = SnapshotMeta {
+            index: 10 * (k as u64 + 1),
+            term: 1,
+            config: Configuration::with_voters([1, 2, 3]),
+        };
+        let data = snapshot_data(3, meta.index, size);
+        let mut w = s.begin_snapshot(3, meta.clone()).unwrap();
+        let mut off = 0;
+        for chunk in data.chunks(9_001) {
+            w.write(off, chunk).unwrap();
+            off += chunk.len() as u64;
+        }
+        let err = w.data_reader().unwrap_err();
+        assert!(matches!(err, StorageError::InvalidRequest { .. }), "{err}");
+        w.seal().unwrap();
+        let mut reader = w.data_reader().unwrap();
+        assert_eq!(reader.data_bytes(), size as u64);
+        // Half read before the file is moved into place, the rest after.
+        let mut got = vec![0u8; size / 2];
+        reader.read_exact(&mut got).unwrap();
+        s.save_snapshot(w).unwrap();
+        reader.read_to_end(&mut got).unwrap();
+        assert_eq!(got, data, "size {size}");
+    }
+    // A flipped byte in the second block of a sealed file.
+    let meta = SnapshotMeta {
+        index: 100,
+        term: 2,
+        config: Configuration::with_voters([1, 2, 3]),
+    };
+    let data = snapshot_data(3, 100, 200_000);
+    let mut w = s.begin_snapshot(3, meta).unwrap();
+    w.write(0, &data).unwrap();
+    w.seal().unwrap();
+    let tmp = b
+        .disk()
+        .list_files(&b.dir().join("snapshots"))
+        .unwrap()
+        .into_iter()
+        .find(|n| n.ends_with(".tmp"))
+        .expect("the file being received");
+    b.corrupt_byte(&b.dir().join("snapshots").join(tmp), 70_000);
+    let mut got = Vec::new();
+    let err = w.data_reader().unwrap().read_to_end(&mut got).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+    assert!(got.len() <= 65_536, "only the good first block was yielded");
+    assert_eq!(got[..], data[..got.len()]);
+}
+
 fn installing_a_snapshot_resets_the_log<B: Backend>(b: B) {
     let mut model = Model::new();
     let (mut s, _) = open(&b, small_options());
@@ -663,6 +720,7 @@ conformance!(
     compaction_deletes_old_segments,
     a_slow_group_pins_only_its_segments,
     snapshots_round_trip_in_chunks,
+    a_sealed_snapshot_reads_back_block_by_block,
     installing_a_snapshot_resets_the_log,
     many_groups_share_one_log,
     the_next_batch_fills_while_a_sync_is_in_flight,

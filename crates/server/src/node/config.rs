@@ -71,11 +71,13 @@ pub struct NodeConfig {
     pub election_timeout_ticks: u32,
     /// How often the leader sends heartbeats, in ticks.
     pub heartbeat_interval_ticks: u32,
-    /// Take a snapshot of the state machine after this many applied entries.
-    pub snapshot_interval_entries: u64,
+    /// Take a snapshot of the state machine (on disk: a checkpoint) after
+    /// this many applied entries; `None` for the default of the mode, see
+    /// [`NodeConfig::snapshot_entries`].
+    pub snapshot_interval_entries: Option<u64>,
     /// Keep the key-value state on disk (in the data directory's `kv/`),
-    /// flushed as it is written, instead of in memory with whole-state
-    /// snapshots. Not yet the default (see the README).
+    /// flushed as it is written (the default), instead of in memory with
+    /// whole-state snapshots.
     pub kv_on_disk: bool,
     /// Log entries kept behind a new snapshot, so that a follower a little
     /// behind gets entries instead of the whole snapshot.
@@ -120,7 +122,8 @@ pub struct NodeConfig {
 
 impl NodeConfig {
     /// Defaults for node `node_id`: a 100 ms tick, an election timeout of
-    /// 1 to 2 s, a heartbeat every 100 ms, a snapshot every 10 000 entries.
+    /// 1 to 2 s, a heartbeat every 100 ms, a snapshot every
+    /// [`NodeConfig::snapshot_entries`] entries.
     pub fn new(
         node_id: NodeId,
         data_dir: PathBuf,
@@ -144,8 +147,8 @@ impl NodeConfig {
             tick_interval: Duration::from_millis(100),
             election_timeout_ticks: 10,
             heartbeat_interval_ticks: 1,
-            snapshot_interval_entries: 10_000,
-            kv_on_disk: false,
+            snapshot_interval_entries: None,
+            kv_on_disk: true,
             compaction_lag_entries: 1000,
             request_timeout: Duration::from_secs(7),
             kv_limits: KvLimits::default(),
@@ -161,6 +164,32 @@ impl NodeConfig {
             metrics_listen: Vec::new(),
             metrics_options: MetricsOptions::default(),
         }
+    }
+}
+
+/// Entries between snapshots of a state kept in memory: each encodes the
+/// whole state, so they are kept frequent enough that the log behind one
+/// stays short.
+pub const IN_MEMORY_SNAPSHOT_ENTRIES: u64 = 10_000;
+
+/// Entries between checkpoints of a state kept on disk (etcd's default
+/// `--snapshot-count`). A checkpoint flushes only what changed since the
+/// last, and each flush adds a run that merges rewrite, so fewer, larger
+/// runs cost fewer bytes per put; the memtable is flushed sooner when it
+/// holds [`crate::node::KV_FLUSH_BYTES`] of versions.
+pub const ON_DISK_CHECKPOINT_ENTRIES: u64 = 100_000;
+
+impl NodeConfig {
+    /// Entries between snapshots (in memory) or checkpoints (on disk): the
+    /// one configured, or [`IN_MEMORY_SNAPSHOT_ENTRIES`] or
+    /// [`ON_DISK_CHECKPOINT_ENTRIES`].
+    pub fn snapshot_entries(&self) -> u64 {
+        let default = if self.kv_on_disk {
+            ON_DISK_CHECKPOINT_ENTRIES
+        } else {
+            IN_MEMORY_SNAPSHOT_ENTRIES
+        };
+        self.snapshot_interval_entries.unwrap_or(default).max(1)
     }
 }
 
@@ -190,4 +219,23 @@ pub(crate) fn member_addrs(
         }
     }
     addrs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_are_taken_by_the_default_of_the_mode_unless_configured() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let mut config = NodeConfig::new(1, PathBuf::from("/x"), addr, addr, BTreeMap::new());
+        assert!(config.kv_on_disk, "the state is kept on disk by default");
+        assert_eq!(config.snapshot_entries(), ON_DISK_CHECKPOINT_ENTRIES);
+        config.kv_on_disk = false;
+        assert_eq!(config.snapshot_entries(), IN_MEMORY_SNAPSHOT_ENTRIES);
+        config.snapshot_interval_entries = Some(500);
+        assert_eq!(config.snapshot_entries(), 500);
+        config.snapshot_interval_entries = Some(0);
+        assert_eq!(config.snapshot_entries(), 1, "never every zero entries");
+    }
 }

@@ -39,8 +39,9 @@ pub(crate) struct KvMachine {
 }
 
 /// Bytes of versions written since the last checkpoint past which the
-/// state is checkpointed and flushed.
-pub(crate) const FLUSH_BYTES: usize = 64 * 1024 * 1024;
+/// state is checkpointed and flushed, however few entries that was: the
+/// memtable's bound (a frozen one is held too until its flush is done).
+pub const KV_FLUSH_BYTES: usize = 32 * 1024 * 1024;
 
 /// The key-value state's directory: `CURRENT` names the store directory in
 /// use (`store-<n>`), replaced atomically when a snapshot from the leader
@@ -162,7 +163,15 @@ impl StoreHome {
         };
         let spawned = std::thread::Builder::new()
             .name(name.to_string())
-            .spawn(move || loop {
+            .spawn(move || {
+                if lane == JobLane::Merge {
+                    // A merge may wait; a flush may not (the frozen
+                    // layers it writes out are held in memory until then).
+                    if let Err(error) = ferry_runtime::background::lower_current_thread_priority() {
+                        tracing::debug!(%error, "the store's merges run at the request path's priority");
+                    }
+                }
+                loop {
                 let slot = home.job_slot.read().unwrap_or_else(|p| p.into_inner());
                 let job = {
                     let mut locked = state.lock();
@@ -211,6 +220,7 @@ impl StoreHome {
                     // sees it or has already said it stops.)
                     home.run_lane(JobLane::Merge, state.clone());
                 }
+                }
             });
         if let Err(error) = spawned {
             tracing::error!(%error, ?lane, "cannot start a thread for the key-value store's jobs");
@@ -250,7 +260,7 @@ impl KvMachine {
         };
         let applied = state.kv().applied_index();
         let mut checkpointed = home.checkpointed.lock().unwrap_or_else(|p| p.into_inner());
-        let due = state.kv().unflushed_bytes() >= FLUSH_BYTES
+        let due = state.kv().unflushed_bytes() >= KV_FLUSH_BYTES
             || applied.saturating_sub(*checkpointed) >= home.checkpoint_entries;
         if !due {
             return;

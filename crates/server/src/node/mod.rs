@@ -22,5 +22,8 @@ mod start;
 
 pub use backend::RaftBackend;
 pub(crate) use config::member_addrs;
-pub use config::{ClientListen, MemberAddrs, NodeConfig};
+pub use config::{
+    ClientListen, MemberAddrs, NodeConfig, IN_MEMORY_SNAPSHOT_ENTRIES, ON_DISK_CHECKPOINT_ENTRIES,
+};
+pub use machine::KV_FLUSH_BYTES;
 pub use start::{start_node, RunningNode, StartError, KV_GROUP};

@@ -246,11 +246,20 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             ferry_storage::AnyDisk::Fs(ferry_storage::FsDisk),
             &config.data_dir.join("kv"),
             config.kv_limits.clone(),
-            config.snapshot_interval_entries,
+            config.snapshot_entries(),
         )
         .map_err(StartError::KvStore)?;
         (Some(home), kv)
     } else {
+        // A state kept on disk is not in the snapshots an in-memory start
+        // would restore from: starting so would serve an empty or old store.
+        let kv_dir = config.data_dir.join("kv");
+        if kv_dir.exists() {
+            return Err(StartError::KvStore(format!(
+                "the key-value state of this data directory is kept on disk ({}); start it without --kv-in-memory",
+                kv_dir.display()
+            )));
+        }
         (None, KvState::new(config.kv_limits.clone()))
     };
     let state = Arc::new(SharedState::new(StateMachine::with_kv(
@@ -404,7 +413,7 @@ fn host_config(config: &NodeConfig, peer_limits: ConnectionLimits) -> HostConfig
     engine.request_timeout_ticks = u32::try_from(request_timeout_ticks).unwrap_or(u32::MAX);
     host.engine = engine;
     host.snapshot_policy = SnapshotPolicy {
-        entries_max: Some(config.snapshot_interval_entries.max(1)),
+        entries_max: Some(config.snapshot_entries()),
         ..SnapshotPolicy::default()
     };
     // One group: its machine's apply path is one worker; a second would

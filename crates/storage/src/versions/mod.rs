@@ -275,6 +275,16 @@ pub struct VersionStore<D: Disk> {
 }
 
 /// A layer for reads.
+/// Whether `[start, end)` can hold a key (`BTreeMap::range` panics on an
+/// empty interval).
+fn walkable_from(start: &[u8], end: Bound<&[u8]>) -> bool {
+    match end {
+        Bound::Included(k) => start <= k,
+        Bound::Excluded(k) => start < k,
+        Bound::Unbounded => true,
+    }
+}
+
 enum Layer<'a, D: Disk> {
     Mem(&'a Memtable),
     Run(&'a Arc<Run<D>>),
@@ -407,6 +417,62 @@ impl<D: Disk> VersionStore<D> {
             runs: self.run_handles(),
             marker,
             meta,
+        }
+    }
+
+    /// A consistent view of the versions of keys in `[start, end)` that
+    /// later writes do not change, cheap enough to take under the owner's
+    /// lock: it copies (pointer copies, values are shared) the memtable's
+    /// versions of at most `memtable_keys_max` keys and shares the frozen
+    /// layers and runs. When the memtable holds more keys of the range the
+    /// view is cut after the last one copied (see [`RangeView::cut`]).
+    ///
+    /// Why: reading runs means reading blocks from disk; a caller that
+    /// scans the view after releasing its lock holds up no writer however
+    /// slow the disk is.
+    pub fn range_view(
+        &self,
+        start: &[u8],
+        end: Bound<&[u8]>,
+        memtable_keys_max: usize,
+    ) -> RangeView<D> {
+        let mut copied = Memtable::default();
+        let mut cut = None;
+        if walkable_from(start, end) {
+            for (key, versions) in self
+                .memtable
+                .keys
+                .range::<[u8], _>((Bound::Included(start), end))
+            {
+                if copied.keys.len() >= memtable_keys_max.max(1) {
+                    cut = copied.keys.last_key_value().map(|(k, _)| k.clone());
+                    break;
+                }
+                copied.records += versions.len();
+                copied.bytes += versions
+                    .iter()
+                    .map(|v| key.len() + v.value.len() + RECORD_OVERHEAD_BYTES)
+                    .sum::<usize>();
+                copied.keys.insert(key.clone(), versions.clone());
+            }
+        }
+        let mut frozen = vec![Arc::new(copied)];
+        frozen.extend(self.frozen.iter().map(|f| f.table.clone()));
+        RangeView {
+            view: StoreView {
+                frozen,
+                runs: self.run_handles(),
+                marker: 0,
+                meta: Bytes::new(),
+            },
+            start: start.to_vec(),
+            end: match (end, &cut) {
+                (_, Some(cut)) => Bound::Included(cut.to_vec()),
+                (Bound::Included(k), None) => Bound::Included(k.to_vec()),
+                (Bound::Excluded(k), None) => Bound::Excluded(k.to_vec()),
+                (Bound::Unbounded, None) => Bound::Unbounded,
+            },
+            cut,
         }
     }
 
@@ -796,6 +862,31 @@ impl<D: Disk> StoreView<D> {
     }
 }
 
+/// The versions of a key range as they were when the view was taken
+/// (see [`VersionStore::range_view`]).
+#[derive(Debug, Clone)]
+pub struct RangeView<D: Disk> {
+    view: StoreView<D>,
+    start: Vec<u8>,
+    /// The range's end, or just after the cut.
+    end: Bound<Vec<u8>>,
+    cut: Option<Bytes>,
+}
+
+impl<D: Disk> RangeView<D> {
+    /// Every version the view holds, in (key, version) order.
+    pub fn iter(&self) -> VersionIter<'_, D> {
+        self.view
+            .iter(&self.start, self.end.as_ref().map(Vec::as_slice))
+    }
+
+    /// The last key the view covers when it covers only part of the range
+    /// asked for: the rest, after this key, needs another view.
+    pub fn cut(&self) -> Option<&[u8]> {
+        self.cut.as_deref()
+    }
+}
+
 enum JobKind<D: Disk> {
     Flush {
         sources: Vec<Arc<Memtable>>,
@@ -1119,14 +1210,8 @@ impl<'a, D: Disk> VersionIter<'a, D> {
             Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
             Bound::Unbounded => Bound::Unbounded,
         };
-        // `BTreeMap::range` panics on an empty interval: such a range
-        // simply has no cursors.
-        let empty = match end {
-            Bound::Included(k) => k < start,
-            Bound::Excluded(k) => k <= start,
-            Bound::Unbounded => false,
-        };
-        let cursors: Vec<Cursor<'a, D>> = if empty {
+        // An empty interval simply has no cursors.
+        let cursors: Vec<Cursor<'a, D>> = if !walkable_from(start, end) {
             Vec::new()
         } else {
             layers

@@ -255,7 +255,11 @@ impl<D: Disk> RunWriter<D> {
             enc.u64(handle.min_version);
             enc.u64(handle.max_version);
         }
-        enc.bytes(self.last.as_ref().map_or(&[][..], |(key, _)| key.as_slice()));
+        enc.bytes(
+            self.last
+                .as_ref()
+                .map_or(&[][..], |(key, _)| key.as_slice()),
+        );
         KeyFilter::build(&self.key_hashes).encode(&mut enc);
         let mut index = enc.into_inner();
         let crc = crc32c::crc32c(&index);
@@ -562,17 +566,15 @@ impl<D: Disk> Run<D> {
                 // Records are in (key, version) order: the answer is the
                 // last of `key` at or below the bound, and the scan stops
                 // at the first record past it.
-                self.scan_block(i, |body, span| {
-                    match body[span.key.clone()].cmp(key) {
-                        std::cmp::Ordering::Less => true,
-                        std::cmp::Ordering::Equal if span.version <= version_max => {
-                            found = Some(span.record(body));
-                            true
-                        }
-                        std::cmp::Ordering::Equal | std::cmp::Ordering::Greater => {
-                            past = true;
-                            false
-                        }
+                self.scan_block(i, |body, span| match body[span.key.clone()].cmp(key) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Equal if span.version <= version_max => {
+                        found = Some(span.record(body));
+                        true
+                    }
+                    std::cmp::Ordering::Equal | std::cmp::Ordering::Greater => {
+                        past = true;
+                        false
                     }
                 })?;
             }

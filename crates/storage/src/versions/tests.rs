@@ -409,6 +409,54 @@ fn a_view_does_not_change_with_later_writes_and_merges() {
 }
 
 #[test]
+fn a_range_view_is_cut_after_the_memtable_keys_it_copied_and_keeps_its_versions() {
+    let disk = SimDisk::with_seed(8);
+    let (mut store, _) = open(&disk);
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let mut model = Model::new();
+    let mut version = 1;
+    // Runs on disk, frozen layers and a memtable, all holding keys.
+    write_flushing(&mut store, &mut model, &mut rng, &mut version, 1050);
+    let seen = model.clone();
+    let in_range = |r: &Record| r.key.as_ref() >= &b"k"[..] && r.key.as_ref() < &b"l"[..];
+    let expected: Vec<Record> = model_records(&seen).into_iter().filter(in_range).collect();
+    // Walk the range view by view, as a scan in steps does, changing and
+    // flushing the store between views.
+    let mut walked: Vec<Record> = Vec::new();
+    let mut start = b"k".to_vec();
+    let mut views = 0;
+    loop {
+        let view = store.range_view(&start, Bound::Excluded(b"l"), 3);
+        let found: Vec<Record> = view.iter().collect::<Result<_>>().unwrap();
+        // Every version of the view's keys, none of another key.
+        assert!(found.iter().all(|r| r.key.as_ref() >= start.as_slice()));
+        if let Some(cut) = view.cut() {
+            assert!(found.iter().all(|r| r.key.as_ref() <= cut));
+        }
+        // Later writes, flushes and merges do not change a view taken.
+        write_flushing(&mut store, &mut model, &mut rng, &mut version, 150);
+        let again: Vec<Record> = view.iter().collect::<Result<_>>().unwrap();
+        assert_eq!(again, found);
+        // Only what was there when the view was taken counts.
+        walked.extend(
+            found
+                .into_iter()
+                .filter(|r| seen.contains_key(&(r.key.to_vec(), r.version))),
+        );
+        views += 1;
+        match view.cut() {
+            Some(cut) => {
+                start = cut.to_vec();
+                start.push(0);
+            }
+            None => break,
+        }
+    }
+    assert!(views > 1, "the memtable held more than 3 keys of the range");
+    assert_eq!(walked, expected);
+}
+
+#[test]
 fn the_durable_view_holds_what_a_reopen_finds_and_nothing_later() {
     let disk = SimDisk::with_seed(8);
     let (mut store, _) = open(&disk);
@@ -606,12 +654,8 @@ fn a_run_being_written_keeps_no_slice_of_the_records_pushed() {
 fn a_point_lookup_reads_only_blocks_of_runs_that_may_hold_the_key() {
     let disk = SimDisk::with_seed(3);
     // No merges: three runs stay three, each holding every third key.
-    let (mut store, _) = VersionStore::open(
-        disk.clone(),
-        &dir(),
-        VersionStoreOptions { merge_ratio: 0 },
-    )
-    .unwrap();
+    let (mut store, _) =
+        VersionStore::open(disk.clone(), &dir(), VersionStoreOptions { merge_ratio: 0 }).unwrap();
     let keys = 600u64;
     let key = |i: u64| format!("key-{i:04}").into_bytes();
     let mut version = 0;
