@@ -163,6 +163,22 @@ if ! grep -q '^http://127.0.0.1:32379, ' <<<"$by_url"; then
   fail "endpoint status with an http:// endpoint"
 fi
 
+echo "== snapshot save (a backup), checked with ferry snapshot status"
+saved="$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:22379 --command-timeout=30s snapshot save "$DIR/backup.db" 2>&1)"
+echo "$saved"
+if ! grep -q "Snapshot saved at" <<<"$saved"; then
+  fail "snapshot save"
+fi
+backup_status="$("$FERRY" snapshot status "$DIR/backup.db" 2>&1)"
+echo "$backup_status"
+backup_revision="$(sed -n 's/^REVISION *\([0-9]*\)$/\1/p' <<<"$backup_status")"
+if [[ -z "$backup_revision" || "$backup_revision" -lt 2 ]]; then
+  fail "ferry snapshot status should read the saved backup and print its revision"
+fi
+if ! "$FERRY" snapshot restore "$DIR/backup.db" --data-dir "$DIR/restored"; then
+  fail "ferry snapshot restore of the saved backup"
+fi
+
 echo "== member add --learner / member remove at run time"
 added="$(ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:22379 member add ferry-4 --peer-urls=http://127.0.0.1:42380 --learner 2>&1)"
 echo "$added"

@@ -1,4 +1,5 @@
-//! `ferry`: the one binary. Subcommands: `dev`, `serve`, `sim`, `lincheck`, `bench`.
+//! `ferry`: the one binary. Subcommands: `dev`, `serve`, `snapshot`, `sim`,
+//! `lincheck`, `bench`.
 
 #![forbid(unsafe_code)]
 
@@ -7,6 +8,7 @@ mod dev_cmd;
 mod lincheck_cmd;
 mod serve_cmd;
 mod sim_cmd;
+mod snapshot_cmd;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -31,6 +33,9 @@ enum Command {
     /// the replicated key-value store.
     // Boxed: its many options would make every other command as large.
     Serve(Box<serve_cmd::ServeArgs>),
+    /// Inspect a backup taken with `etcdctl snapshot save`, or restore a
+    /// new cluster's member from one.
+    Snapshot(snapshot_cmd::SnapshotArgs),
     /// Run seeds of the simulator: the real engine under network, disk and
     /// clock faults, with safety, linearizability and liveness checked.
     Sim(sim_cmd::SimArgs),
@@ -46,19 +51,41 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Dev(args) => dev_cmd::run(args),
         Command::Serve(args) => serve_cmd::run(*args),
+        Command::Snapshot(args) => snapshot_cmd::run(args),
         Command::Sim(args) => sim_cmd::run(args),
         Command::Lincheck(args) => lincheck_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
     }
 }
 
-/// Logs to stderr; `RUST_LOG` picks what (default: info).
-fn init_logging() {
+/// How `ferry serve` writes its log.
+#[derive(clap::ValueEnum, serde::Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Lines for people (colored on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and
+    /// every field of the event.
+    Json,
+}
+
+/// Logs to stderr in `format`; `RUST_LOG` picks what (default: info).
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+    };
 }

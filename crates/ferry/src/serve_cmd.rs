@@ -99,6 +99,12 @@ pub struct ServeArgs {
     /// this way; one kept in memory moves to disk when started without it.
     #[arg(long)]
     pub kv_in_memory: bool,
+    /// How log lines are written to stderr: `text` for people, `json` (one
+    /// object per line, with its fields: every consensus event names the
+    /// member, the term and the index) for a log collector.
+    /// [default: text]
+    #[arg(long, value_enum)]
+    pub log_format: Option<crate::LogFormat>,
     /// Join a running cluster instead of founding one. First add this node
     /// with `etcdctl member add NAME --peer-urls=http://PEER_ADDR [--learner]`
     /// and start it with the id that call printed, an empty
@@ -249,6 +255,7 @@ struct ServeFile {
     snapshot_entries: Option<u64>,
     kv_on_disk: Option<bool>,
     kv_in_memory: Option<bool>,
+    log_format: Option<crate::LogFormat>,
     compaction_lag_entries: Option<u64>,
     join: Option<bool>,
     max_client_connections: Option<usize>,
@@ -317,15 +324,20 @@ fn parse_member(text: &str) -> Result<(u64, MemberAddrs), String> {
 }
 
 /// Merges flags over the file and fills in defaults.
-fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
-    let file = match &args.config {
-        None => ServeFile::default(),
+/// The options file named by `--config`, if any.
+fn serve_file(config: Option<&std::path::Path>) -> Result<ServeFile, String> {
+    match config {
+        None => Ok(ServeFile::default()),
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-            toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?
+            toml::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))
         }
-    };
+    }
+}
+
+fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
+    let file = serve_file(args.config.as_deref())?;
     let id_text = args
         .id
         .or(file.id)
@@ -635,7 +647,21 @@ fn parse_listen_urls(urls: &str) -> Result<Vec<ClientListen>, String> {
 
 /// Runs `ferry serve` until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> ExitCode {
-    crate::init_logging();
+    // The log first, so that everything after is written as asked (a
+    // file that does not read is reported by `node_config` below).
+    let log_format = args.log_format.or_else(|| {
+        serve_file(args.config.as_deref())
+            .ok()
+            .and_then(|file| file.log_format)
+    });
+    let log_format = log_format.unwrap_or_default();
+    crate::init_logging(log_format);
+    // Why the node stops, on stderr: a line for people, or a JSON log line
+    // like every other.
+    let fatal = move |message: String| match log_format {
+        crate::LogFormat::Text => eprintln!("ferry serve: {message}"),
+        crate::LogFormat::Json => tracing::error!("{message}"),
+    };
     let config = match node_config(args) {
         Ok(config) => config,
         Err(message) => {
@@ -667,7 +693,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         let mut node = match start_node(config).await {
             Ok(node) => node,
             Err(error) => {
-                eprintln!("ferry serve: node {node_id:x} cannot start: {error}");
+                fatal(format!("node {node_id:x} cannot start: {error}"));
                 return ExitCode::FAILURE;
             }
         };
@@ -693,7 +719,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(signal) => signal,
                 Err(error) => {
-                    eprintln!("ferry serve: cannot listen for SIGTERM: {error}");
+                    fatal(format!("cannot listen for SIGTERM: {error}"));
                     return ExitCode::FAILURE;
                 }
             };
@@ -701,7 +727,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
                 Ok(signal) => signal,
                 Err(error) => {
-                    eprintln!("ferry serve: cannot listen for SIGHUP: {error}");
+                    fatal(format!("cannot listen for SIGHUP: {error}"));
                     return ExitCode::FAILURE;
                 }
             };
@@ -720,7 +746,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     node.reload_tls();
                 }
                 _ = node.stopped() => {
-                    eprintln!("ferry serve: node {node_id:x} stopped after an error (see the log above)");
+                    fatal(format!("node {node_id:x} stopped after an error (see the log above)"));
                     return ExitCode::FAILURE;
                 }
             }

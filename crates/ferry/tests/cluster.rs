@@ -16,10 +16,11 @@ use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
 use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
 use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
 use ferry_server::pb::etcdserverpb::{
-    request_op, HashKvRequest, HashRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
-    LeaseTimeToLiveRequest, Member, MemberAddRequest, MemberListRequest, MemberPromoteRequest,
-    MemberRemoveRequest, PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest,
-    WatchCreateRequest, WatchRequest,
+    request_op, CompactionRequest, DeleteRangeRequest, HashKvRequest, HashRequest,
+    LeaseGrantRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest, Member, MemberAddRequest,
+    MemberListRequest, MemberPromoteRequest, MemberRemoveRequest, MemberUpdateRequest, PutRequest,
+    RangeRequest, RequestOp, SnapshotRequest, StatusRequest, TxnRequest, WatchCreateRequest,
+    WatchRequest,
 };
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -55,6 +56,18 @@ impl Cluster {
 
     /// A cluster whose nodes run with `fd_limit` open files at most.
     fn with_fd_limit(name: &str, size: u64, extra_args: &[&str], fd_limit: Option<u64>) -> Cluster {
+        Cluster::prepared(name, size, extra_args, fd_limit, |_| {})
+    }
+
+    /// A cluster whose nodes start once `prepare` has run on each node's
+    /// data directory.
+    fn prepared(
+        name: &str,
+        size: u64,
+        extra_args: &[&str],
+        fd_limit: Option<u64>,
+        prepare: impl Fn(&std::path::Path),
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!("ferry-cluster-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -85,6 +98,7 @@ impl Cluster {
             fd_limit,
         };
         for id in 1..=size {
+            prepare(&cluster.nodes[(id - 1) as usize].data_dir);
             cluster.start(id);
         }
         cluster
@@ -2525,5 +2539,319 @@ async fn assert_every_member_holds_numbered(cluster: &Cluster, prefix: &str, rev
             assert_eq!(kv.value, format!("value {i}").into_bytes(), "node {id}");
             assert_eq!(kv.mod_revision, revisions[i], "node {id} key {i}");
         }
+    }
+}
+
+/// A backup streamed by the Snapshot call (as `etcdctl snapshot save`
+/// takes it) is checked by `ferry snapshot status`, refused by `ferry
+/// snapshot restore` once damaged, and restored into the members of a new
+/// cluster, which serves the same keys at the same revisions, with the
+/// same leases and compaction, and goes on from there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backup_restored_into_a_new_cluster_serves_the_same_keys_at_the_same_revisions() {
+    let cluster = Cluster::new("backup", 3);
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let mut kv = KvClient::new(connect(&cluster, 1).await);
+    // A history: overwrites, deletes, a compaction and a lease.
+    for i in 0..300u32 {
+        kv.put(PutRequest {
+            key: format!("key/{:03}", i % 120).into_bytes(),
+            value: format!("value {i}").into_bytes(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let compacted = kv
+        .delete_range(DeleteRangeRequest {
+            key: b"key/000".to_vec(),
+            range_end: b"key/010".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision;
+    kv.compact(CompactionRequest {
+        revision: compacted,
+        physical: true,
+    })
+    .await
+    .unwrap();
+    let lease = LeaseClient::new(connect(&cluster, 1).await)
+        .lease_grant(LeaseGrantRequest { ttl: 600, id: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    kv.put(PutRequest {
+        key: b"key/leased".to_vec(),
+        value: b"held".to_vec(),
+        lease,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let everything = RangeRequest {
+        key: b"\0".to_vec(),
+        range_end: b"\0".to_vec(),
+        ..Default::default()
+    };
+    let before = kv.range(everything.clone()).await.unwrap().into_inner();
+    let revision = before.header.as_ref().unwrap().revision;
+    assert_eq!(
+        before.kvs.len(),
+        111,
+        "110 numbered keys and the leased one"
+    );
+
+    // The backup, from a follower or the leader alike.
+    let mut stream = MaintenanceClient::new(connect(&cluster, 2).await)
+        .snapshot(SnapshotRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut backup = Vec::new();
+    // (bytes received so far, bytes the message said remain)
+    let mut counted = Vec::new();
+    while let Some(message) = stream.message().await.unwrap() {
+        backup.extend_from_slice(&message.blob);
+        counted.push((backup.len() as u64, message.remaining_bytes));
+    }
+    let total = backup.len() as u64;
+    assert!(counted.len() >= 2, "the state, then its SHA-256");
+    for (received, remaining) in &counted {
+        assert_eq!(
+            received + remaining,
+            total,
+            "remaining_bytes counts down exactly"
+        );
+    }
+    let file = cluster.dir.join("backup.db");
+    std::fs::write(&file, &backup).unwrap();
+
+    let status = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        printed.contains(&format!("\"revision\":{revision},")),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("\"compact_revision\":{compacted},")),
+        "{printed}"
+    );
+    assert!(printed.contains("\"totalKey\":111,"), "{printed}");
+    assert!(
+        printed.contains(&format!("\"totalSize\":{},", backup.len())),
+        "{printed}"
+    );
+
+    // A damaged copy is refused, and leaves nothing behind.
+    let mut damaged = backup.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x40;
+    let damaged_file = cluster.dir.join("damaged.db");
+    std::fs::write(&damaged_file, &damaged).unwrap();
+    let refused_dir = cluster.dir.join("refused");
+    let refused = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["snapshot", "restore"])
+        .arg(&damaged_file)
+        .arg("--data-dir")
+        .arg(&refused_dir)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        said.contains("SHA-256") || said.contains("checksum"),
+        "{said}"
+    );
+    assert!(
+        !refused_dir.join("kv").exists(),
+        "nothing restored from a damaged file"
+    );
+
+    // Every member of a new cluster restored from the same file.
+    let restored = Cluster::prepared("backup-restored", 3, &[], None, |data_dir| {
+        let output = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["snapshot", "restore"])
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    });
+    wait_for_leader(&restored, &[1, 2, 3]).await;
+    for id in 1..=3 {
+        let mut kv = KvClient::new(connect(&restored, id).await);
+        let after = kv
+            .range(RangeRequest {
+                serializable: true,
+                ..everything.clone()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            after.kvs, before.kvs,
+            "node {id}: every key, value and revision"
+        );
+        assert_eq!(after.header.unwrap().revision, revision);
+        // The compaction came along.
+        let too_old = kv
+            .range(RangeRequest {
+                revision: compacted - 1,
+                serializable: true,
+                ..everything.clone()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(too_old.code(), tonic::Code::OutOfRange, "{too_old:?}");
+    }
+    let ttl = LeaseClient::new(connect(&restored, 1).await)
+        .lease_time_to_live(LeaseTimeToLiveRequest {
+            id: lease,
+            keys: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ttl.keys, vec![b"key/leased".to_vec()]);
+    assert!(ttl.ttl > 0, "the lease lives on: {ttl:?}");
+    // The new cluster goes on from the backup's revision, with its own
+    // members.
+    let next = KvClient::new(connect(&restored, 1).await)
+        .put(PutRequest {
+            key: b"key/after".to_vec(),
+            value: b"new".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next.header.unwrap().revision, revision + 1);
+    let members = ClusterClient::new(connect(&restored, 1).await)
+        .member_list(MemberListRequest {
+            linearizable: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    assert_eq!(members.len(), 3);
+}
+
+/// MemberUpdate as an operator moves a member to a new peer address: the
+/// member is stopped, its peer URL changed through another member, and it
+/// is started listening at the new one; every member dials it there, and
+/// it catches up with what was written meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_updated_to_a_new_peer_url_is_reached_there() {
+    let mut cluster = Cluster::new("member-update", 3);
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    cluster.kill(3);
+    let new_peer_port = free_port();
+    let mut members = ClusterClient::new(connect(&cluster, 1).await);
+    let refused = members
+        .member_update(MemberUpdateRequest {
+            id: 3,
+            peer_ur_ls: vec!["not a url".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    let unknown = members
+        .member_update(MemberUpdateRequest {
+            id: 9,
+            peer_ur_ls: vec![format!("http://127.0.0.1:{new_peer_port}")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    let updated = members
+        .member_update(MemberUpdateRequest {
+            id: 3,
+            peer_ur_ls: vec![format!("http://127.0.0.1:{new_peer_port}")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = updated.members.iter().find(|m| m.id == 3).unwrap();
+    assert_eq!(
+        listed.peer_ur_ls,
+        vec![format!("http://127.0.0.1:{new_peer_port}")]
+    );
+    // Written while member 3 is down, then member 3 at its new address.
+    let revisions = put_numbered(&cluster, 1, "moved/", 20).await;
+    let node = &mut cluster.nodes[2];
+    node.peer_port = new_peer_port;
+    cluster.members[2] = format!(
+        "3=127.0.0.1:{new_peer_port},http://127.0.0.1:{}",
+        cluster.nodes[2].client_port
+    );
+    cluster.start(3);
+    assert_every_member_holds_numbered(&cluster, "moved/", &revisions).await;
+    // Every member lists the new URL.
+    for id in 1..=3 {
+        let listed = ClusterClient::new(connect(&cluster, id).await)
+            .member_list(MemberListRequest {
+                linearizable: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .members;
+        let three = listed.iter().find(|m| m.id == 3).unwrap();
+        assert_eq!(
+            three.peer_ur_ls,
+            vec![format!("http://127.0.0.1:{new_peer_port}")],
+            "node {id}"
+        );
+    }
+}
+
+/// `--log-format json`: every line a node logs is one JSON object, and its
+/// consensus events name the member, the term and the index.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_are_one_object_per_line_and_consensus_events_name_member_term_and_index() {
+    let cluster = Cluster::with_args("json-logs", 3, &["--log-format", "json"]);
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    for id in 1..=3u64 {
+        let log = std::fs::read_to_string(cluster.dir.join(format!("node{id}.log"))).unwrap();
+        let mut role_changes = 0;
+        for line in log.lines() {
+            let event: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|error| {
+                panic!("node {id} logged a line that is not JSON: {line:?}: {error}")
+            });
+            assert!(event["level"].is_string(), "{line}");
+            assert!(event["timestamp"].is_string(), "{line}");
+            assert!(event["message"].is_string(), "{line}");
+            if event["message"] == "role changed" {
+                role_changes += 1;
+                assert_eq!(event["member"], format!("{id:x}").as_str(), "{line}");
+                assert!(event["term"].is_u64(), "{line}");
+                assert!(event["index"].is_u64(), "{line}");
+            }
+        }
+        assert!(
+            role_changes >= 2,
+            "node {id} logged no role change in a term:\n{log}"
+        );
     }
 }

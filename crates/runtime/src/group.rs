@@ -18,6 +18,7 @@ use crate::error::GroupError;
 use crate::log_limit::LogLimiter;
 use crate::log_task::LogRequest;
 use crate::machine::{ApplyError, BytesSnapshot, Command, Durability, GroupEvent, StateMachine};
+use crate::member_id::Hex;
 use crate::metrics::{GroupProgress, HostMetrics};
 use crate::snapshot_policy::SnapshotPolicy;
 use crate::stream::Outbound;
@@ -25,6 +26,22 @@ use crate::transport::codec::encode_message;
 use crate::view::GroupView;
 use crate::worker::{Completion, GroupRun, Outbox, Workers};
 use crate::Links;
+
+/// Logs a consensus event of a group (`$group`, a [`Group`]): every one
+/// names the member, the group, the term and the commit index, so that a
+/// log collector can line up what each member saw (`--log-format json`).
+macro_rules! consensus_event {
+    ($level:expr, $group:expr, $($rest:tt)+) => {
+        tracing::event!(
+            $level,
+            member = %Hex($group.node.id()),
+            group = $group.id,
+            term = $group.node.term(),
+            index = $group.node.commit_index(),
+            $($rest)+
+        )
+    };
+}
 
 /// Ticks before a local snapshot that failed for lack of descriptors or
 /// space is tried again: it costs a pass over the state, and the log keeps
@@ -281,6 +298,12 @@ impl<M: StateMachine> Group<M> {
             changed
         };
         if config_changed {
+            consensus_event!(
+                tracing::Level::INFO,
+                self,
+                config = ?self.node.config(),
+                "the group's configuration changed"
+            );
             self.event(GroupEvent::ConfigChanged(self.node.config().clone()));
         }
     }
@@ -365,6 +388,13 @@ impl<M: StateMachine> Group<M> {
                 if offset == 0 {
                     // The first chunk: a transfer begins (or starts over).
                     self.metrics.snapshots_sent.inc();
+                    consensus_event!(
+                        tracing::Level::INFO,
+                        self,
+                        snapshot_index,
+                        to = %Hex(to),
+                        "sending a snapshot to a follower"
+                    );
                 }
                 if self.durable {
                     self.stream_chunk(to, snapshot_index, offset, max_bytes);
@@ -415,7 +445,13 @@ impl<M: StateMachine> Group<M> {
                 through,
             }),
             Action::RoleChanged { role, term, leader } => {
-                tracing::debug!(group = self.id, ?role, term, leader, "role changed");
+                consensus_event!(
+                    tracing::Level::INFO,
+                    self,
+                    ?role,
+                    leader = %Hex(leader.unwrap_or(0)),
+                    "role changed"
+                );
                 self.role = role;
                 // As etcd counts them: every time a leader becomes known
                 // that is not the one known before (none in between).
@@ -426,20 +462,28 @@ impl<M: StateMachine> Group<M> {
                 self.event(GroupEvent::RoleChanged { role, term, leader });
             }
             Action::Removed => {
-                tracing::info!(group = self.id, "this node was removed from the group");
+                consensus_event!(
+                    tracing::Level::INFO,
+                    self,
+                    "this node was removed from the group"
+                );
                 // Published first: whoever the event wakes sees it.
                 self.publish();
                 self.event(GroupEvent::Removed);
             }
             Action::Fault(fault) => {
                 if let Some(suppressed) = self.fault_warnings.allow() {
-                    tracing::warn!(group = self.id, suppressed, "{fault}");
+                    consensus_event!(tracing::Level::WARN, self, suppressed, "{fault}");
                 }
                 if !self.halted {
                     if let Some(halt) = self.node.halted() {
                         self.halted = true;
                         let text = halt.to_string();
-                        tracing::error!(group = self.id, "this node halted the group: {text}");
+                        consensus_event!(
+                            tracing::Level::ERROR,
+                            self,
+                            "this node halted the group: {text}"
+                        );
                         self.publish();
                         self.event(GroupEvent::Halted(text));
                     }
@@ -607,7 +651,13 @@ impl<M: StateMachine> Group<M> {
 
     /// Refuses a received snapshot: the leader starts the transfer over.
     fn refuse_snapshot(&mut self, index: Index, offset: u64, reason: &str, out: &mut Outbox) {
-        tracing::warn!(group = self.id, index, %reason, "a snapshot from the leader does not restore; the leader starts over");
+        consensus_event!(
+            tracing::Level::WARN,
+            self,
+            snapshot_index = index,
+            %reason,
+            "a snapshot from the leader does not restore; the leader starts over"
+        );
         out.log.push(LogRequest::AbandonReceived { group: self.id });
         self.step(
             Input::SnapshotChunkSaved {
@@ -641,7 +691,7 @@ impl<M: StateMachine> Group<M> {
     /// caller is answered, and the view and the machine are told.
     fn stop_for_machine(&mut self, index: Index, error: ApplyError) {
         let text = machine_failed_text(index, error.reason());
-        tracing::error!(group = self.id, index, "{text}");
+        consensus_event!(tracing::Level::ERROR, self, entry_index = index, "{text}");
         self.machine_failed = Some((index, error.reason().to_string()));
         let (group, reason) = (self.id, error.reason().to_string());
         self.drop_work(|| GroupError::MachineFailed {
@@ -972,9 +1022,10 @@ impl<M: StateMachine> GroupRun for Group<M> {
                     }
                     entry.remove().1.fail(GroupError::Dropped);
                 }
-                tracing::info!(
-                    group = self.id,
-                    index,
+                consensus_event!(
+                    tracing::Level::INFO,
+                    self,
+                    snapshot_index = index,
                     bytes = self.snapshots.bytes,
                     "installed a snapshot from the leader"
                 );

@@ -229,6 +229,9 @@ pub struct EtcdApi<B> {
     bcrypt_admitted: Arc<Semaphore>,
     /// Calls counted by method and code, for the metrics port.
     grpc_metrics: Arc<GrpcMetrics>,
+    /// Backups streaming at once (each holds a view of the state and a
+    /// blocking thread while its client reads).
+    backups: Arc<Semaphore>,
 }
 
 impl<B> Clone for EtcdApi<B> {
@@ -241,6 +244,7 @@ impl<B> Clone for EtcdApi<B> {
             bcrypt_running: self.bcrypt_running.clone(),
             bcrypt_admitted: self.bcrypt_admitted.clone(),
             grpc_metrics: self.grpc_metrics.clone(),
+            backups: self.backups.clone(),
         }
     }
 }
@@ -286,6 +290,7 @@ impl<B: Backend> EtcdApi<B> {
             bcrypt_running: Arc::new(Semaphore::new(running.min(Semaphore::MAX_PERMITS))),
             bcrypt_admitted: Arc::new(Semaphore::new(admitted.min(Semaphore::MAX_PERMITS))),
             grpc_metrics: Arc::new(GrpcMetrics::default()),
+            backups: Arc::new(Semaphore::new(BACKUPS_AT_ONCE_MAX)),
         }
     }
 
@@ -1249,9 +1254,19 @@ impl<B: Backend> Cluster for EtcdApi<B> {
 
     async fn member_update(
         &self,
-        _request: Request<pb::MemberUpdateRequest>,
+        request: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
-        Err(ApiError::Unimplemented("MemberUpdate (changing a member's peer URLs)").into())
+        self.serving()?;
+        self.require_admin(&self.credentials(&request).await?)?;
+        let request = request.into_inner();
+        let members = self
+            .backend
+            .member_update(request.id, request.peer_ur_ls)
+            .await?;
+        Ok(Response::new(pb::MemberUpdateResponse {
+            header: Some(self.header(self.current_revision())),
+            members,
+        }))
     }
 
     async fn member_list(
@@ -1280,8 +1295,19 @@ impl<B: Backend> Cluster for EtcdApi<B> {
     }
 }
 
-/// Stream type for the unimplemented Snapshot call.
+/// Stream type of the Snapshot call (a backup, see [`crate::backup`]).
 pub type SnapshotStream = ReceiverStream<Result<pb::SnapshotResponse, Status>>;
+
+/// Backups one member streams at once; another is refused with
+/// ResourceExhausted until one ends.
+pub const BACKUPS_AT_ONCE_MAX: usize = 2;
+
+/// Blobs of a backup queued for its client.
+const BACKUP_QUEUE_BLOBS: usize = 4;
+
+/// How long a backup waits for its client to take the next blob before it
+/// gives up (a client that stopped reading holds no thread for longer).
+const BACKUP_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tonic::async_trait]
 impl<B: Backend> Maintenance for EtcdApi<B> {
@@ -1347,10 +1373,12 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         self.serving()?;
         self.require_admin(&self.credentials(&request).await?)?;
         // etcd rewrites its bbolt file to give back the pages deleted keys
-        // left free. ferry's store holds no free pages (the state is in
-        // memory and each snapshot is written whole), so there is nothing
-        // to give back: the call succeeds, as etcd's does on a compact file.
-        tracing::info!("defragment: nothing to do (the store keeps no free pages)");
+        // left free. ferry's store holds no free pages: its runs are
+        // written whole and merges rewrite them, dropping what compaction
+        // removed, as they go (in memory, each snapshot is written whole).
+        // There is nothing to give back: the call succeeds, as etcd's does
+        // on a compact file.
+        tracing::info!("defragment: nothing to do (the store keeps no free pages; merges reclaim compacted versions)");
         Ok(Response::new(pb::DefragmentResponse {
             header: Some(self.header(self.current_revision())),
         }))
@@ -1406,8 +1434,52 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.serving()?;
         self.require_admin(&self.credentials(&request).await?)?;
-        Err(ApiError::Unimplemented("Snapshot (etcd's bbolt backup format)").into())
+        let Ok(permit) = self.backups.clone().try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "ferry: {BACKUPS_AT_ONCE_MAX} backups are streaming from this member; try again when one ends"
+            )));
+        };
+        // The state as applied now, taken under the lock (the versions are
+        // shared, not copied); encoded on a blocking thread as the client
+        // reads.
+        let source = self.backend.state().lock().snapshot_source();
+        let header = self.header(source.revision());
+        let (tx, rx) = mpsc::channel(BACKUP_QUEUE_BLOBS);
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let mut first = true;
+            let streamed = crate::backup::stream_backup(&source, |blob, remaining_bytes| {
+                let response = pb::SnapshotResponse {
+                    header: Some(header),
+                    remaining_bytes,
+                    blob,
+                    // etcd 3.6 names its storage version in the first message.
+                    version: if std::mem::take(&mut first) {
+                        REPORTED_ETCD_VERSION.to_string()
+                    } else {
+                        String::new()
+                    },
+                };
+                runtime
+                    .block_on(tx.send_timeout(Ok(response), BACKUP_SEND_TIMEOUT))
+                    .map_err(|_| crate::backup::BackupError::ReceiverGone)
+            });
+            match streamed {
+                Ok(bytes) => tracing::info!(bytes, revision = source.revision(), "backup streamed"),
+                Err(crate::backup::BackupError::ReceiverGone) => {
+                    tracing::info!("backup given up: its client went away or stopped reading")
+                }
+                Err(error) => {
+                    tracing::error!(%error, "backup failed");
+                    let status = Status::from(ApiError::Internal(format!("backup: {error}")));
+                    let _ = runtime.block_on(tx.send_timeout(Err(status), BACKUP_SEND_TIMEOUT));
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn move_leader(

@@ -94,6 +94,22 @@ pub trait Backend: Send + Sync + 'static {
     /// Removes a member; returns the new member list.
     fn member_remove(&self, id: u64) -> impl Future<Output = Result<Vec<Member>, ApiError>> + Send;
 
+    /// Changes the peer URLs of member `id` (MemberUpdate); returns the
+    /// new member list. The default refuses: a backend without peers has
+    /// no peer URLs to change.
+    fn member_update(
+        &self,
+        id: u64,
+        peer_urls: Vec<String>,
+    ) -> impl Future<Output = Result<Vec<Member>, ApiError>> + Send {
+        let _ = (id, peer_urls);
+        async {
+            Err(ApiError::Unimplemented(
+                "MemberUpdate on a backend without peers",
+            ))
+        }
+    }
+
     /// Promotes a learner to voter; returns the new member list.
     fn member_promote(&self, id: u64)
         -> impl Future<Output = Result<Vec<Member>, ApiError>> + Send;

@@ -1227,6 +1227,20 @@ impl KvState {
         dir: &Path,
         limits: KvLimits,
     ) -> Result<KvState, CodecError> {
+        KvState::restore_into_as(source, disk, dir, limits, |_| {})
+    }
+
+    /// [`KvState::restore_into`], with `rewrite` changing the small parts
+    /// of the snapshot (everything but the versions) before they are
+    /// written: a backup restored for a new cluster leaves its old
+    /// members and applied index behind.
+    pub(crate) fn restore_into_as(
+        source: &mut dyn Read,
+        disk: AnyDisk,
+        dir: &Path,
+        limits: KvLimits,
+        rewrite: impl FnOnce(&mut ferrypb::Snapshot),
+    ) -> Result<KvState, CodecError> {
         let storage = |e: ferry_storage::StorageError| CodecError::Read(e.to_string());
         ferry_storage::disk::create_dir_durably(&disk, dir).map_err(storage)?;
         let clear = || -> Result<(), CodecError> {
@@ -1251,7 +1265,8 @@ impl KvState {
                     .map_err(CodecError::Inconsistent)?;
                 load.push(&record).map_err(storage)?;
             }
-            let snapshot = reader.finish()?;
+            let mut snapshot = reader.finish()?;
+            rewrite(&mut snapshot);
             crate::mvcc::check_positions(snapshot.revision, snapshot.compacted_revision)
                 .map_err(CodecError::Inconsistent)?;
             check
@@ -1428,9 +1443,11 @@ impl KvState {
         self.store.finish_job(lane, done)
     }
 
-    /// Records a store manifest written: the durable index moves.
-    pub fn store_manifest_written(&mut self, written: StoreManifestWritten) {
-        self.store.manifest_written(written);
+    /// Records a store manifest written: the durable index moves. Returns
+    /// what the store let go of, to drop off the state's lock (see
+    /// [`ferry_storage::versions::VersionStore::manifest_written`]).
+    pub fn store_manifest_written(&mut self, written: StoreManifestWritten) -> StoreView<AnyDisk> {
+        self.store.manifest_written(written)
     }
 
     /// The applied index the state on disk is complete up to.

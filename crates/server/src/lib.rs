@@ -16,6 +16,9 @@
 //! - [`backend`]: the trait the API is written against, and the in-process
 //!   single-node backend.
 //! - [`api`]: the etcd gRPC services.
+//! - [`backup`]: backups (etcd's Maintenance `Snapshot` stream, the file
+//!   `etcdctl snapshot save` writes), inspected and restored into a new
+//!   cluster.
 //! - [`authority`]: the repair of a URL sent as HTTP/2 `:authority` by etcd's
 //!   Go client, below the HTTP/2 server that would refuse it.
 //! - [`connections`]: idle client timeouts, with the runtime's limits per
@@ -39,6 +42,7 @@ pub mod auth;
 pub mod auth_token;
 pub mod authority;
 pub mod backend;
+pub mod backup;
 pub mod command;
 pub mod connections;
 pub mod error;

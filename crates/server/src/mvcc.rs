@@ -545,8 +545,10 @@ impl MvccStore {
     }
 
     /// Records a manifest written (see [`VersionStore::manifest_written`]).
-    pub fn manifest_written(&mut self, written: ManifestWritten<AnyDisk>) {
-        self.versions.manifest_written(written);
+    /// Returns what the store let go of, to drop off the state's lock (see
+    /// [`VersionStore::manifest_written`]).
+    pub fn manifest_written(&mut self, written: ManifestWritten<AnyDisk>) -> StoreView<AnyDisk> {
+        self.versions.manifest_written(written)
     }
 
     /// Runs every job due and makes the result durable, on this thread.

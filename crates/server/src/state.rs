@@ -88,8 +88,11 @@ impl StateMachine {
 
     /// Records a store manifest written (see
     /// [`KvState::store_manifest_written`]).
-    pub fn store_manifest_written(&mut self, written: crate::kv_state::StoreManifestWritten) {
-        self.kv.store_manifest_written(written);
+    pub fn store_manifest_written(
+        &mut self,
+        written: crate::kv_state::StoreManifestWritten,
+    ) -> ferry_storage::versions::StoreView<ferry_storage::AnyDisk> {
+        self.kv.store_manifest_written(written)
     }
 
     /// Applies a command and hands its events to the watchers.

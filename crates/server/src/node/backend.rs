@@ -291,18 +291,8 @@ impl Backend for RaftBackend {
         // Every URL must be one a member could be dialed at, as etcd
         // checks: an unreachable voter would count toward the quorum and
         // could leave the group unable to elect a leader.
-        let mut peer_addrs = Vec::with_capacity(peer_urls.len());
-        for url in &peer_urls {
-            match peer_url_addr(url) {
-                Ok(addr) => peer_addrs.push(addr),
-                Err(reason) => {
-                    tracing::info!(url = %url, %reason, "refusing a member add");
-                    return Err(ApiError::BadMemberUrls);
-                }
-            }
-        }
-        let (Some(peer_url), Some(peer_addr)) = (peer_urls.first(), peer_addrs.first().cloned())
-        else {
+        let peer_addr = first_peer_addr(&peer_urls, "member add")?;
+        let Some(peer_url) = peer_urls.first() else {
             return Err(ApiError::BadMemberUrls);
         };
         let config = self.state_config();
@@ -367,6 +357,37 @@ impl Backend for RaftBackend {
             return Err(ApiError::MemberNotFound);
         }
         self.change_membership(MembershipChange::Remove(id)).await
+    }
+
+    async fn member_update(
+        &self,
+        id: u64,
+        peer_urls: Vec<String>,
+    ) -> Result<Vec<Member>, ApiError> {
+        let config = self.state_config();
+        if !config.contains(id) {
+            return Err(ApiError::MemberNotFound);
+        }
+        // Checked as MemberAdd checks them.
+        let peer_addr = first_peer_addr(&peer_urls, "member update")?;
+        for other in config.members() {
+            if other != id && self.addrs(other).is_some_and(|a| a.peer_addr == peer_addr) {
+                return Err(ApiError::PeerUrlExists);
+            }
+        }
+        // Replicated as the member's record: every member dials it at the
+        // new address once it has applied it.
+        let record = crate::command::command(crate::command::CommandKind::MemberRecord(
+            crate::pb::ferrypb::MemberRecordCommand {
+                id,
+                name: String::new(),
+                peer_addr,
+                client_url: String::new(),
+                create: false,
+            },
+        ));
+        self.propose(record).await?;
+        Ok(self.members())
     }
 
     async fn member_promote(&self, id: u64) -> Result<Vec<Member>, ApiError> {
@@ -491,6 +512,25 @@ fn strict_add_check(
 /// The address to dial for a peer URL, or why the URL is not one: as etcd
 /// takes them, `http://` or `https://`, then `host:port` (a bracketed IPv6
 /// address as host), and nothing after (no path, query or user).
+/// The address a member is dialed at, from the peer URLs a MemberAdd or
+/// MemberUpdate names (`call`, for the log): the first one, once every one
+/// has been checked to be a URL a member could be dialed at.
+fn first_peer_addr(peer_urls: &[String], call: &str) -> Result<String, ApiError> {
+    let mut first = None;
+    for url in peer_urls {
+        match peer_url_addr(url) {
+            Ok(addr) => {
+                first.get_or_insert(addr);
+            }
+            Err(reason) => {
+                tracing::info!(url = %url, %reason, "refusing a {call}");
+                return Err(ApiError::BadMemberUrls);
+            }
+        }
+    }
+    first.ok_or(ApiError::BadMemberUrls)
+}
+
 pub(crate) fn peer_url_addr(url: &str) -> Result<String, String> {
     let url = url.trim();
     let (scheme, rest) = url

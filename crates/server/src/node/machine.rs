@@ -71,6 +71,16 @@ pub(crate) struct StoreHome {
 
 const CURRENT_FILE: &str = "CURRENT";
 
+/// The key-value state's directory inside a data directory.
+pub const KV_DIR: &str = "kv";
+
+/// The store directory a new state under `root` (a data directory's
+/// [`KV_DIR`]) starts in, before any snapshot from a leader replaced it:
+/// where a backup is restored to.
+pub(crate) fn first_store_dir(root: &Path) -> PathBuf {
+    StoreHome::store_dir(root, 0)
+}
+
 impl StoreHome {
     fn store_dir(root: &Path, generation: u64) -> PathBuf {
         root.join(format!("store-{generation}"))
@@ -195,7 +205,11 @@ impl StoreHome {
                         .map_err(|e| KvError::Storage(e.to_string()))
                 }) {
                     Ok(written) => {
-                        state.lock().store_manifest_written(written);
+                        // What the store let go of is freed here, after
+                        // the lock: the last handle of a run merged away
+                        // closes a deleted file, slow when it is large.
+                        let released = state.lock().store_manifest_written(written);
+                        drop(released);
                         let seconds = started.elapsed().as_secs_f64();
                         let jobs = state.store_jobs();
                         match lane {

@@ -25,5 +25,6 @@ pub(crate) use config::member_addrs;
 pub use config::{
     ClientListen, MemberAddrs, NodeConfig, IN_MEMORY_SNAPSHOT_ENTRIES, ON_DISK_CHECKPOINT_ENTRIES,
 };
-pub use machine::KV_FLUSH_BYTES;
+pub(crate) use machine::first_store_dir;
+pub use machine::{KV_DIR, KV_FLUSH_BYTES};
 pub use start::{start_node, RunningNode, StartError, KV_GROUP};

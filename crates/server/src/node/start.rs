@@ -244,7 +244,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     let (home, kv) = if config.kv_on_disk {
         let (home, kv) = StoreHome::open(
             ferry_storage::AnyDisk::Fs(ferry_storage::FsDisk),
-            &config.data_dir.join("kv"),
+            &config.data_dir.join(super::KV_DIR),
             config.kv_limits.clone(),
             config.snapshot_entries(),
         )
@@ -253,7 +253,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     } else {
         // A state kept on disk is not in the snapshots an in-memory start
         // would restore from: starting so would serve an empty or old store.
-        let kv_dir = config.data_dir.join("kv");
+        let kv_dir = config.data_dir.join(super::KV_DIR);
         if kv_dir.exists() {
             return Err(StartError::KvStore(format!(
                 "the key-value state of this data directory is kept on disk ({}); start it without --kv-in-memory",
@@ -375,6 +375,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         ticks: 0,
         self_publish_tick: 0,
         retiring: BTreeMap::new(),
+        dialed_at: BTreeMap::new(),
     };
     let housekeeping = tokio::spawn(housekeeping.run(events, shutdown_rx));
     Ok(RunningNode {
@@ -442,6 +443,10 @@ struct Housekeeping {
     self_publish_tick: u64,
     /// Links to removed members kept until the tick given.
     retiring: BTreeMap<NodeId, u64>,
+    /// The address each peer this task dialed is dialed at, so that a
+    /// member whose peer URL was changed (MemberUpdate) is dialed again at
+    /// the new one.
+    dialed_at: BTreeMap<NodeId, String>,
 }
 
 impl Housekeeping {
@@ -464,9 +469,8 @@ impl Housekeeping {
 
     fn on_event(&mut self, event: GroupEvent) {
         match event {
-            GroupEvent::RoleChanged { role, term, leader } => {
-                tracing::info!(?role, term, leader = %Hex(leader), "role changed");
-            }
+            // The runtime logs it, with the member, term and index.
+            GroupEvent::RoleChanged { .. } => {}
             GroupEvent::ConfigChanged(_) => self.reconcile_peers(),
             GroupEvent::Removed => {
                 tracing::warn!("this node was removed from the cluster; it serves no more requests")
@@ -524,11 +528,11 @@ impl Housekeeping {
     fn reconcile_peers(&mut self) {
         let members = self.group.view_with(|view| view.config.members());
         let dialed = self.host.dialed_peers();
-        let wanted: Vec<(NodeId, String)> = {
+        let known: Vec<(NodeId, String)> = {
             let machine = self.state.lock();
             members
                 .iter()
-                .filter(|id| **id != self.config.node_id && !dialed.contains(id))
+                .filter(|id| **id != self.config.node_id)
                 .filter_map(|id| {
                     member_addrs(&self.config.members, machine.kv().member_records(), *id)
                         .filter(|addrs| !addrs.peer_addr.is_empty())
@@ -536,8 +540,26 @@ impl Housekeeping {
                 })
                 .collect()
         };
-        for (id, addr) in wanted {
-            tracing::info!(peer = %Hex(id), %addr, "dialing a new member");
+        for (id, addr) in known {
+            if dialed.contains(&id) {
+                // The founding members are dialed by the host at the
+                // addresses given on the command line.
+                let dialed_at = self.dialed_at.entry(id).or_insert_with(|| {
+                    self.config
+                        .members
+                        .get(&id)
+                        .map(|founding| founding.peer_addr.clone())
+                        .unwrap_or_else(|| addr.clone())
+                });
+                if *dialed_at == addr {
+                    continue;
+                }
+                tracing::info!(peer = %Hex(id), old = %dialed_at, new = %addr, "a member's peer URL changed; dialing it at the new one");
+                self.host.remove_peer(id);
+            } else {
+                tracing::info!(peer = %Hex(id), %addr, "dialing a new member");
+            }
+            self.dialed_at.insert(id, addr.clone());
             self.host.add_peer(id, addr);
         }
         // A removed member keeps its link for a while: the leader goes on
@@ -570,6 +592,7 @@ impl Housekeeping {
             if !members.contains(&id) {
                 tracing::info!(peer = %Hex(id), "no longer dialing a removed member");
                 self.host.remove_peer(id);
+                self.dialed_at.remove(&id);
             }
         }
     }
@@ -592,9 +615,12 @@ impl Housekeeping {
             let machine = self.state.lock();
             machine.kv().member_records().get(&me).cloned()
         };
-        if recorded
-            .is_some_and(|r| r.peer_addr == mine.peer_addr && r.client_url == mine.client_url)
-        {
+        // The peer URL is published once; after that only MemberUpdate
+        // changes it (as in etcd: the operator updates it, then restarts
+        // the member at the new address), so a member still running at
+        // the old one does not undo the update.
+        let peer_addr_recorded = recorded.as_ref().is_some_and(|r| !r.peer_addr.is_empty());
+        if recorded.is_some_and(|r| peer_addr_recorded && r.client_url == mine.client_url) {
             return;
         }
         self.self_publish_tick = self.ticks + SELF_PUBLISH_RETRY_TICKS;
@@ -602,7 +628,11 @@ impl Housekeeping {
             crate::pb::ferrypb::MemberRecordCommand {
                 id: me,
                 name: mine.name,
-                peer_addr: mine.peer_addr,
+                peer_addr: if peer_addr_recorded {
+                    String::new()
+                } else {
+                    mine.peer_addr
+                },
                 client_url: mine.client_url,
                 create: false,
             },

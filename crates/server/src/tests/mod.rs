@@ -2,6 +2,7 @@
 
 mod auth_apply;
 mod auth_tokens;
+mod backups;
 mod durable_state;
 mod helpers;
 mod kv_semantics;

@@ -706,6 +706,9 @@ impl<D: Disk> VersionStore<D> {
         let done = done?;
         self.written_bytes = self.written_bytes.saturating_add(done.written_bytes);
         let mut retired = Vec::new();
+        // What the store lets go of here is freed in `commit`, off the
+        // caller's lock (see `ManifestWrite::released`).
+        let mut released = Released::default();
         match done.kind {
             JobDoneKind::Flushed {
                 frozen_layers,
@@ -713,7 +716,9 @@ impl<D: Disk> VersionStore<D> {
                 meta,
             } => {
                 let keep = self.frozen.len().saturating_sub(frozen_layers);
-                self.frozen.truncate(keep);
+                released
+                    .memtables
+                    .extend(self.frozen.drain(keep..).map(|frozen| frozen.table));
                 if let Some(run) = done.run {
                     self.runs.insert(0, run);
                 }
@@ -754,6 +759,7 @@ impl<D: Disk> VersionStore<D> {
                     .iter()
                     .map(|r| r.run.path().to_path_buf())
                     .collect();
+                released.runs = replaced.into_iter().map(|r| r.run).collect();
             }
         }
         self.manifest_seq_built += 1;
@@ -777,19 +783,27 @@ impl<D: Disk> VersionStore<D> {
             },
             runs: self.run_handles(),
             retired,
+            released,
             written: self.manifest_seq_written.clone(),
         })
     }
 
     /// Records that a manifest is on disk: the durable marker moves to its
     /// marker (an older one than that on record changes nothing).
-    pub fn manifest_written(&mut self, written: ManifestWritten<D>) {
+    ///
+    /// Returns the durable view it replaced (or the one it did not take):
+    /// drop it after releasing the lock the store is kept under. It may
+    /// hold the last handles of runs a merge retired, and closing a large
+    /// deleted file frees its blocks, which can keep a filesystem busy for
+    /// a second (a member whose apply waited that long behind the lock
+    /// sent its peers nothing for an election timeout).
+    pub fn manifest_written(&mut self, written: ManifestWritten<D>) -> StoreView<D> {
         self.written_bytes = self.written_bytes.saturating_add(written.written_bytes);
         if written.seq <= self.manifest_seq {
-            return;
+            return written.view;
         }
         self.manifest_seq = written.seq;
-        self.durable_view = written.view;
+        std::mem::replace(&mut self.durable_view, written.view)
     }
 
     /// Runs every job due, in both lanes, one after another on this thread,
@@ -807,7 +821,7 @@ impl<D: Disk> VersionStore<D> {
             let done = job.run();
             let write = self.finish_job(lane, done)?;
             let written = write.commit()?;
-            self.manifest_written(written);
+            drop(self.manifest_written(written));
         }
     }
 
@@ -1030,7 +1044,28 @@ pub struct ManifestWrite<D: Disk> {
     /// Run files no longer in the shape, deleted once a manifest without
     /// them is on disk.
     retired: Vec<PathBuf>,
+    /// What the job made the store let go of, freed by `commit`.
+    released: Released<D>,
     written: Arc<Mutex<u64>>,
+}
+
+/// Handles a job made the store let go of: frozen memtables it flushed
+/// (megabytes to free) and runs it merged away (whose last handle closes a
+/// deleted file, and closing a large deleted file frees its blocks: slow).
+/// Held by the [`ManifestWrite`], which is committed off the lock the store
+/// is kept under, so that neither is freed under it.
+struct Released<D: Disk> {
+    memtables: Vec<Arc<Memtable>>,
+    runs: Vec<Arc<Run<D>>>,
+}
+
+impl<D: Disk> Default for Released<D> {
+    fn default() -> Self {
+        Released {
+            memtables: Vec::new(),
+            runs: Vec::new(),
+        }
+    }
 }
 
 impl<D: Disk> std::fmt::Debug for ManifestWrite<D> {
@@ -1083,6 +1118,8 @@ impl<D: Disk> ManifestWrite<D> {
         for path in &self.retired {
             let _ = self.disk.remove_file(path);
         }
+        // Freed here, off the store's lock.
+        drop(self.released);
         Ok(ManifestWritten {
             seq: self.seq,
             view: StoreView::of_manifest(&self.manifest, self.runs),

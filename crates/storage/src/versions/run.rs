@@ -43,6 +43,15 @@ pub const KEY_BYTES_MAX: u64 = 16 * 1024 * 1024;
 /// Largest value a run holds.
 pub const VALUE_BYTES_MAX: u64 = 128 * 1024 * 1024;
 
+/// Bytes a run is written past its last sync before it is synced again
+/// while being written. Why: left to the kernel, a run of gigabytes (a
+/// merge of large runs, a state received whole) sits dirty in the page
+/// cache until the sync that ends it, which then writes all of it at once,
+/// and every sync of the Raft log on the same disk (each acknowledged put
+/// waits for one) waits behind that writeback for seconds. Synced as it
+/// goes, a log sync waits behind a few MiB at most.
+pub const RUN_SYNC_BYTES: u64 = 8 * 1024 * 1024;
+
 const MAGIC: u64 = u64::from_le_bytes(*b"FERRYRUN");
 /// Format 2 added the last key and the key filter to the index.
 const FORMAT: u32 = 2;
@@ -94,6 +103,8 @@ pub struct RunWriter<D: Disk> {
     block_max_version: u64,
     index: Vec<BlockHandle>,
     offset: u64,
+    /// The offset up to which the file was last synced.
+    synced_offset: u64,
     /// The last record's key (a copy, reused) and version, for the order
     /// check.
     last: Option<(Vec<u8>, u64)>,
@@ -127,6 +138,7 @@ impl<D: Disk> RunWriter<D> {
             block_max_version: 0,
             index: Vec::new(),
             offset: 0,
+            synced_offset: 0,
             last: None,
             key_hashes: Vec::new(),
             summary: RunSummary {
@@ -230,6 +242,12 @@ impl<D: Disk> RunWriter<D> {
             max_version: self.block_max_version,
         };
         self.append(&block)?;
+        if self.offset - self.synced_offset >= RUN_SYNC_BYTES {
+            self.file
+                .sync_data()
+                .map_err(|e| StorageError::io("sync run", &self.path, e))?;
+            self.synced_offset = self.offset;
+        }
         self.block = block;
         self.block.clear();
         self.index.push(handle);

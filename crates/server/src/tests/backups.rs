@@ -1,0 +1,148 @@
+//! Backups: the state streamed with its SHA-256, inspected, and restored as
+//! the state before a new cluster's first entry; a damaged file is refused
+//! and restores nothing.
+
+use std::path::{Path, PathBuf};
+
+use ring::digest::{digest, SHA256};
+
+use super::helpers::*;
+use crate::backup::{self, BackupError, BACKUP_HASH_BYTES};
+use crate::command::{command, CommandKind};
+use crate::kv_state::{KvLimits, KvState};
+use crate::pb::ferrypb::MemberRecordCommand;
+
+/// A state with overwrites, deletes, a lease and a member record: 15
+/// numbered keys and the leased one.
+fn loaded() -> Machine {
+    let mut m = Machine::new();
+    for i in 0..50 {
+        m.ok(put_cmd(&format!("k{:02}", i % 20), &format!("v{i}")));
+    }
+    m.ok(delete_cmd("k00", "k05"));
+    m.ok(grant_cmd(7, 600));
+    m.ok(put_lease_cmd("leased", "x", 7));
+    m.ok(command(CommandKind::MemberRecord(MemberRecordCommand {
+        id: 2,
+        name: "two".into(),
+        peer_addr: "127.0.0.1:22380".into(),
+        client_url: "http://127.0.0.1:22379".into(),
+        create: false,
+    })));
+    m
+}
+
+/// The backup of `m` as a client receives it, checking that each blob
+/// says exactly how many bytes remain after it.
+fn backup_of(m: &Machine) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut counted = Vec::new();
+    let total = backup::stream_backup(&m.kv.snapshot_source(), |blob, remaining| {
+        assert!(blob.len() <= backup::BACKUP_BLOB_BYTES_MAX);
+        bytes.extend_from_slice(&blob);
+        counted.push((bytes.len() as u64, remaining));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(total, bytes.len() as u64);
+    for (received, remaining) in counted {
+        assert_eq!(received + remaining, total);
+    }
+    bytes
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn all_keys(kv: &KvState) -> Vec<crate::pb::mvccpb::KeyValue> {
+    kv.range(&range("\0", "\0")).unwrap().kvs
+}
+
+#[test]
+fn a_backup_is_the_state_followed_by_its_sha256_and_says_what_it_holds() {
+    let m = loaded();
+    let bytes = backup_of(&m);
+    let (state, hash) = bytes.split_at(bytes.len() - BACKUP_HASH_BYTES);
+    assert_eq!(state, m.kv.snapshot().unwrap().as_slice());
+    assert_eq!(hash, digest(&SHA256, state).as_ref());
+    let dir = ferry_storage::unique_temp_dir("backup-inspect");
+    let info = backup::inspect(&write(&dir, "backup.db", &bytes)).unwrap();
+    assert_eq!(info.revision, m.revision());
+    assert_eq!(info.keys, 16, "20 keys, 5 deleted, and the leased one");
+    assert_eq!(
+        info.versions,
+        50 + 5 + 1,
+        "the puts, the tombstones, the leased put"
+    );
+    assert_eq!(info.leases, 1);
+    assert_eq!(info.size_bytes, bytes.len() as u64);
+    assert_eq!(info.sha256.len(), 64);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_restored_backup_is_the_state_before_the_first_entry_without_the_old_members() {
+    let m = loaded();
+    assert!(!m.kv.member_records().is_empty());
+    let dir = ferry_storage::unique_temp_dir("backup-restore");
+    let file = write(&dir, "backup.db", &backup_of(&m));
+    let data_dir = dir.join("node");
+    let info = backup::restore(&file, &data_dir, KvLimits::default()).unwrap();
+    assert_eq!(info.revision, m.revision());
+    let store_dir = crate::node::first_store_dir(&data_dir.join(crate::node::KV_DIR));
+    let restored = KvState::open(
+        ferry_storage::AnyDisk::Fs(ferry_storage::FsDisk),
+        &store_dir,
+        KvLimits::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        restored.applied_index(),
+        0,
+        "before the new cluster's first entry"
+    );
+    assert!(restored.member_records().is_empty());
+    assert_eq!(restored.store().revision(), m.revision());
+    assert_eq!(all_keys(&restored), all_keys(&m.kv));
+    // A data directory that holds something is not written over.
+    match backup::restore(&file, &data_dir, KvLimits::default()) {
+        Err(BackupError::DataDirInUse(dir)) => assert_eq!(dir, data_dir),
+        other => panic!("expected DataDirInUse, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_or_cut_backup_is_refused_and_restores_nothing() {
+    let bytes = backup_of(&loaded());
+    let mut damaged: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x01;
+    damaged.push(("a byte of the state", flipped));
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() - 1] ^= 0x01;
+    damaged.push(("a byte of the hash", flipped));
+    damaged.push(("cut by one byte", bytes[..bytes.len() - 1].to_vec()));
+    damaged.push(("cut to its magic", bytes[..40].to_vec()));
+    damaged.push(("shorter than a hash", bytes[..10].to_vec()));
+    let mut longer = bytes.clone();
+    longer.push(0);
+    damaged.push(("one byte too many", longer));
+    let dir = ferry_storage::unique_temp_dir("backup-damaged");
+    for (i, (what, bytes)) in damaged.iter().enumerate() {
+        let file = write(&dir, &format!("damaged-{i}.db"), bytes);
+        assert!(backup::inspect(&file).is_err(), "{what}: inspected");
+        let data_dir = dir.join(format!("node-{i}"));
+        let refused = backup::restore(&file, &data_dir, KvLimits::default());
+        assert!(refused.is_err(), "{what}: restored");
+        assert!(
+            !data_dir.join(crate::node::KV_DIR).exists(),
+            "{what}: left a state behind"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
