@@ -5,9 +5,12 @@
 //!
 //! The format: the key-value snapshot encoding the members send each other
 //! (magic `FERRYKV1`, the protobuf body, a crc32c of both; see
-//! [`crate::kv_state::SnapshotSource`]) followed by the 32-byte SHA-256 of
-//! everything before it, as etcd appends a SHA-256 to the bbolt file it
-//! streams. etcdctl writes the stream to disk unchanged, so the file is
+//! [`crate::kv_state::SnapshotSource`]), zero bytes up to a multiple of 512
+//! bytes with the snapshot's length (u64, little-endian) in its last eight,
+//! then the 32-byte SHA-256 of everything before it, as etcd appends a
+//! SHA-256 to the bbolt file it streams. etcdctl writes the stream to disk
+//! unchanged and refuses one whose size is not a multiple of 512 plus the
+//! hash (a bbolt file is whole pages), hence the padding. The file is
 //! checked twice over: the SHA-256 of the whole and the crc32c and the
 //! consistency checks of the snapshot itself.
 //!
@@ -17,7 +20,7 @@
 //! cluster, whose members are those the new nodes are started with.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use ring::digest::{Context, SHA256};
@@ -28,6 +31,18 @@ use crate::snapshot_reader::SnapshotReader;
 
 /// Bytes of the SHA-256 that ends a backup.
 pub const BACKUP_HASH_BYTES: usize = 32;
+
+/// What the bytes before the hash come to a multiple of (etcdctl checks
+/// it: its size check is meant for bbolt's pages).
+pub const BACKUP_ALIGN_BYTES: u64 = 512;
+
+/// Bytes of the snapshot's length, at the end of the padding.
+const LENGTH_BYTES: u64 = 8;
+
+/// The zero bytes that follow a snapshot of `content_bytes` in a backup.
+fn padding_bytes(content_bytes: u64) -> u64 {
+    (BACKUP_ALIGN_BYTES - (content_bytes + LENGTH_BYTES) % BACKUP_ALIGN_BYTES) % BACKUP_ALIGN_BYTES
+}
 
 /// Largest blob of one `SnapshotResponse` (etcd sends 32 KiB; larger blobs
 /// cost fewer messages and stay far below any client's message limit).
@@ -67,6 +82,14 @@ pub enum BackupError {
         /// The hash of its contents, in hex.
         computed: String,
     },
+    /// The file's framing (size, padding, the snapshot's length) is wrong.
+    #[error("{path} is not a whole ferry backup: {reason}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The snapshot inside does not decode or is inconsistent.
     #[error("{path}: {source}")]
     Snapshot {
@@ -94,7 +117,9 @@ pub fn stream_backup(
     mut send: impl FnMut(Vec<u8>, u64) -> Result<(), BackupError>,
 ) -> Result<u64, BackupError> {
     let content_bytes = source.encoded_len()? as u64;
-    let total = content_bytes + BACKUP_HASH_BYTES as u64;
+    let mut trailer = vec![0u8; usize::try_from(padding_bytes(content_bytes)).unwrap_or(0)];
+    trailer.extend_from_slice(&content_bytes.to_le_bytes());
+    let total = content_bytes + trailer.len() as u64 + BACKUP_HASH_BYTES as u64;
     let mut hash = Context::new(&SHA256);
     let mut sent: u64 = 0;
     source.write_to(|piece| -> Result<(), BackupError> {
@@ -110,6 +135,9 @@ pub fn stream_backup(
             "the snapshot encoded to {sent} bytes, {content_bytes} were expected"
         ))));
     }
+    hash.update(&trailer);
+    sent += trailer.len() as u64;
+    send(trailer, total.saturating_sub(sent))?;
     send(hash.finish().as_ref().to_vec(), 0)?;
     Ok(total)
 }
@@ -224,6 +252,8 @@ struct BackupFile {
     size_bytes: u64,
     /// Bytes of snapshot not read yet.
     left: u64,
+    /// Bytes of padding and length after it.
+    padded_left: u64,
     hash: Context,
 }
 
@@ -233,19 +263,46 @@ impl BackupFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(failed)?;
+        let mut file = File::open(path).map_err(failed)?;
         let size_bytes = file.metadata().map_err(failed)?.len();
-        if size_bytes <= BACKUP_HASH_BYTES as u64 {
+        let malformed = |reason: String| BackupError::Malformed {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let Some(padded_bytes) = size_bytes
+            .checked_sub(BACKUP_HASH_BYTES as u64)
+            .filter(|padded| *padded >= LENGTH_BYTES)
+        else {
             return Err(BackupError::TooShort {
                 path: path.to_path_buf(),
                 size_bytes,
             });
+        };
+        if padded_bytes % BACKUP_ALIGN_BYTES != 0 {
+            return Err(malformed(format!(
+                "{size_bytes} bytes is not a multiple of {BACKUP_ALIGN_BYTES} plus the hash: cut or extended"
+            )));
         }
+        file.seek(SeekFrom::Start(padded_bytes - LENGTH_BYTES))
+            .map_err(failed)?;
+        let mut length = [0u8; LENGTH_BYTES as usize];
+        file.read_exact(&mut length).map_err(failed)?;
+        let content_bytes = u64::from_le_bytes(length);
+        let fits = content_bytes
+            .checked_add(padding_bytes(content_bytes) + LENGTH_BYTES)
+            .is_some_and(|whole| whole == padded_bytes);
+        if !fits {
+            return Err(malformed(format!(
+                "it names a snapshot of {content_bytes} bytes, which does not fit its {size_bytes}"
+            )));
+        }
+        file.seek(SeekFrom::Start(0)).map_err(failed)?;
         Ok(BackupFile {
             path: path.to_path_buf(),
             file,
             size_bytes,
-            left: size_bytes - BACKUP_HASH_BYTES as u64,
+            left: content_bytes,
+            padded_left: padded_bytes - content_bytes,
             hash: Context::new(&SHA256),
         })
     }
@@ -265,6 +322,16 @@ impl BackupFile {
         // The snapshot's reader stops at its trailer; nothing may follow
         // it but the hash, which the hash of the whole then shows.
         io::copy(&mut *self, &mut io::sink()).map_err(failed)?;
+        let mut padding = vec![0u8; usize::try_from(self.padded_left).unwrap_or(0)];
+        self.file.read_exact(&mut padding).map_err(failed)?;
+        self.hash.update(&padding);
+        let zeros = padding.len().saturating_sub(LENGTH_BYTES as usize);
+        if padding[..zeros].iter().any(|b| *b != 0) {
+            return Err(BackupError::Malformed {
+                path: self.path.clone(),
+                reason: "the padding after the snapshot is not zero".into(),
+            });
+        }
         let mut stored = [0u8; BACKUP_HASH_BYTES];
         self.file.read_exact(&mut stored).map_err(failed)?;
         let computed = self.hash.clone().finish();

@@ -66,9 +66,15 @@ fn all_keys(kv: &KvState) -> Vec<crate::pb::mvccpb::KeyValue> {
 fn a_backup_is_the_state_followed_by_its_sha256_and_says_what_it_holds() {
     let m = loaded();
     let bytes = backup_of(&m);
-    let (state, hash) = bytes.split_at(bytes.len() - BACKUP_HASH_BYTES);
-    assert_eq!(state, m.kv.snapshot().unwrap().as_slice());
-    assert_eq!(hash, digest(&SHA256, state).as_ref());
+    // etcdctl's check: whole 512-byte blocks, then the hash.
+    assert_eq!(bytes.len() % 512, BACKUP_HASH_BYTES);
+    let (padded, hash) = bytes.split_at(bytes.len() - BACKUP_HASH_BYTES);
+    assert_eq!(hash, digest(&SHA256, padded).as_ref());
+    let snapshot = m.kv.snapshot().unwrap();
+    assert_eq!(&padded[..snapshot.len()], snapshot.as_slice());
+    let (zeros, length) = padded[snapshot.len()..].split_at(padded.len() - snapshot.len() - 8);
+    assert!(zeros.iter().all(|b| *b == 0));
+    assert_eq!(length, (snapshot.len() as u64).to_le_bytes());
     let dir = ferry_storage::unique_temp_dir("backup-inspect");
     let info = backup::inspect(&write(&dir, "backup.db", &bytes)).unwrap();
     assert_eq!(info.revision, m.revision());
@@ -132,6 +138,10 @@ fn a_damaged_or_cut_backup_is_refused_and_restores_nothing() {
     let mut longer = bytes.clone();
     longer.push(0);
     damaged.push(("one byte too many", longer));
+    let mut wrong_length = bytes.clone();
+    let at = bytes.len() - BACKUP_HASH_BYTES - 8;
+    wrong_length[at] ^= 0x01;
+    damaged.push(("a byte of the snapshot's length", wrong_length));
     let dir = ferry_storage::unique_temp_dir("backup-damaged");
     for (i, (what, bytes)) in damaged.iter().enumerate() {
         let file = write(&dir, &format!("damaged-{i}.db"), bytes);
