@@ -62,7 +62,7 @@
 # CPU time (utime + stime from /proc/PID/stat, before and after the
 # measured phase) and bytes written to storage (write_bytes from
 # /proc/PID/io); and each member's resident memory (VmRSS) after it.
-# With a preload, etcd gets --quota-backend-bytes of 8 GiB so that its
+# With a preload, both get --quota-backend-bytes of 8 GiB so that the
 # default 2 GiB quota does not stop the fill.
 set -uo pipefail
 
@@ -96,6 +96,7 @@ PRELOAD_KEY_BYTES="${PRELOAD_KEY_BYTES:-16}"
 RESTART="${RESTART:-0}"
 if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
   ETCD_ARGS="--quota-backend-bytes=8589934592 $ETCD_ARGS"
+  FERRY_ARGS="--quota-backend-bytes=8589934592 $FERRY_ARGS"
 fi
 CLK_TCK="$(getconf CLK_TCK)"
 

@@ -33,7 +33,7 @@ NODE_PIDS=""
 failures=0
 
 dump_logs() {
-  for log in "$DIR"/dev.out "$DIR"/ferry-dev/node*.log "$DIR"/dev-tls.out "$DIR"/ferry-dev-tls/node*.log; do
+  for log in "$DIR"/dev.out "$DIR"/ferry-dev/node*.log "$DIR"/dev-tls.out "$DIR"/ferry-dev-tls/node*.log "$DIR"/quota.log; do
     [[ -f "$log" ]] || continue
     echo "---- $log (last 40 lines)"
     tail -n 40 "$log"
@@ -259,6 +259,10 @@ every() { ETCDCTL_API=3 etcdctl --endpoints="$ALL" --command-timeout=10s "$@"; }
 first() { ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:2379 --command-timeout=10s "$@"; }
 auth_flow "" "etcdserver: user name is empty"
 
+echo "== alarm list and disarm with no alarm raised"
+expect "alarm list is empty" "^$" "$(every alarm list 2>&1)"
+expect "alarm disarm with nothing raised" "^$" "$(every alarm disarm 2>&1)"
+
 echo "== stopping ferry dev with SIGINT"
 kill -INT "$DEV_PID"
 stopped=0
@@ -360,6 +364,42 @@ else
   DEV_PID=""
   [[ "$code" -eq 0 ]] || fail "ferry dev --tls exited with status $code after SIGINT"
 fi
+
+echo "== quota: NOSPACE past --quota-backend-bytes, then compact, defrag, alarm disarm"
+# One member with a 2 MB quota, on ports of its own.
+"$FERRY" serve --id 1 --data-dir "$DIR/quota" --listen-client 127.0.0.1:42379 \
+  --listen-peer 127.0.0.1:42380 --member 1=127.0.0.1:42380,http://127.0.0.1:42379 \
+  --quota-backend-bytes 2000000 >"$DIR/quota.log" 2>&1 &
+QUOTA_PID=$!
+NODE_PIDS="$QUOTA_PID"
+qctl() { ETCDCTL_API=3 etcdctl --endpoints=127.0.0.1:42379 --command-timeout=10s "$@"; }
+for _ in $(seq 1 100); do
+  qctl put quota-probe v >/dev/null 2>&1 && break
+  sleep 0.1
+done
+head -c 60000 /dev/zero | tr '\0' v >"$DIR/value"
+# The same three keys written over and over: the history fills the quota.
+filled=""
+for i in $(seq 1 100); do
+  if ! out="$(qctl put "quota-k$((i % 3))" <"$DIR/value" 2>&1)"; then
+    filled="$out"
+    break
+  fi
+done
+expect "a put past the quota is refused with etcd's error" "etcdserver: mvcc: database space exceeded" "$filled"
+expect "alarm list shows NOSPACE" "^memberID:1 alarm:NOSPACE" "$(qctl alarm list 2>&1)"
+expect "endpoint status lists the alarm" "alarm:NOSPACE" "$(qctl endpoint status 2>&1)"
+expect "reads are still served" "^quota-k1$" "$(qctl get quota-k1 --keys-only 2>&1)"
+expect "a put is refused while the alarm is raised" "database space exceeded" "$(qctl put small v 2>&1)"
+revision="$(qctl endpoint status -w json 2>/dev/null | sed -n 's/.*"revision":\([0-9]*\).*/\1/p')"
+expect "compact is served" "^compacted revision $revision" "$(qctl compact "$revision" 2>&1)"
+expect "defrag gives the space back" "Finished defragmenting" "$(qctl defrag 2>&1)"
+expect "alarm disarm clears it" "^memberID:1 alarm:NOSPACE" "$(qctl alarm disarm 2>&1)"
+expect "alarm list is empty again" "^$" "$(qctl alarm list 2>&1)"
+expect "a put is served again" "^OK" "$(qctl put small v 2>&1)"
+kill -TERM "$QUOTA_PID" 2>/dev/null
+wait "$QUOTA_PID" 2>/dev/null
+NODE_PIDS=""
 
 if [[ "$failures" -ne 0 ]]; then
   dump_logs

@@ -1,5 +1,6 @@
 //! Compiles our etcd v3 .proto definitions with protox (pure Rust, no system
-//! `protoc`) and generates prost messages plus tonic server and client code.
+//! `protoc`) and generates prost messages plus tonic server and client code,
+//! and serde impls of the etcd messages for the JSON gateway (pbjson).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -24,6 +25,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ])
         .build_server(true)
         .build_client(true)
-        .compile_fds(descriptors)?;
+        .compile_fds(descriptors.clone())?;
+    // serde impls of etcd's messages for the JSON gateway, with the
+    // field names of the .proto files (as etcd's gateway writes them) and
+    // unknown fields skipped (as it reads them).
+    pbjson_build::Builder::new()
+        .register_descriptors(&prost::Message::encode_to_vec(&descriptors))?
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
     Ok(())
 }

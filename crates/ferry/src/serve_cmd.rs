@@ -166,6 +166,20 @@ pub struct ServeArgs {
     /// 32 MiB, as every request becomes one log entry). [default: 1572864]
     #[arg(long, value_name = "BYTES")]
     pub max_request_bytes: Option<usize>,
+    /// The bytes this member's store may hold (etcd's flag): a write that
+    /// would grow it past them raises the cluster's NOSPACE alarm, and
+    /// writes that grow the store are refused until `etcdctl alarm
+    /// disarm` once space is back (compact, then defrag). 0 is the
+    /// default; a negative value sets no quota. [default: 2147483648]
+    #[arg(long, value_name = "BYTES", allow_negative_numbers = true)]
+    pub quota_backend_bytes: Option<i64>,
+    /// Free bytes on the data directory's file system below which this
+    /// member raises the NOSPACE alarm, before the disk fills under the
+    /// log (writes that grow the store are refused until `etcdctl alarm
+    /// disarm`; reads, deletes and compaction go on). 0 turns the check
+    /// off. [default: 134217728]
+    #[arg(long, value_name = "BYTES")]
+    pub disk_reserve_bytes: Option<u64>,
     /// The most operations one txn may hold, nested txns included: on each
     /// level the largest of its compares, success ops and failure ops, plus
     /// the operations of every txn nested in it (etcd's flag and default).
@@ -268,6 +282,8 @@ struct ServeFile {
     peer_buffered_bytes_max: Option<usize>,
     wal_segment_bytes: Option<u64>,
     max_request_bytes: Option<usize>,
+    quota_backend_bytes: Option<i64>,
+    disk_reserve_bytes: Option<u64>,
     max_txn_ops: Option<usize>,
     max_txn_response_bytes: Option<usize>,
     max_watcher_queued_bytes: Option<usize>,
@@ -528,6 +544,16 @@ fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
             ));
         }
         config.kv_limits.request_size_bytes_max = bytes;
+    }
+    if let Some(bytes) = args.quota_backend_bytes.or(file.quota_backend_bytes) {
+        config.api_options.quota_backend_bytes = match u64::try_from(bytes) {
+            Ok(0) => ferry_server::api::QUOTA_BACKEND_BYTES_DEFAULT,
+            Ok(bytes) => bytes,
+            Err(_) => u64::MAX,
+        };
+    }
+    if let Some(bytes) = args.disk_reserve_bytes.or(file.disk_reserve_bytes) {
+        config.disk_reserve_bytes = bytes;
     }
     if let Some(ops) = at_least_one(args.max_txn_ops.or(file.max_txn_ops), "--max-txn-ops")? {
         config.kv_limits.txn_ops_max = ops;

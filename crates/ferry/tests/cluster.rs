@@ -2858,3 +2858,313 @@ async fn json_logs_are_one_object_per_line_and_consensus_events_name_member_term
         );
     }
 }
+
+/// A tmpfs of a given size mounted on a directory while it lives (the
+/// small file system of the disk-full test; mounting needs root).
+struct Tmpfs {
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size_bytes: u64) -> Tmpfs {
+        std::fs::create_dir_all(path).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_bytes}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("mount runs");
+        assert!(
+            status.success(),
+            "mounting a {size_bytes}-byte tmpfs on {} failed: the disk-full test needs root to make a small file system",
+            path.display()
+        );
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Gives the file system room: its size becomes `size_bytes`.
+    fn resize(&self, size_bytes: u64) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size_bytes}")])
+            .arg(&self.path)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "resizing the tmpfs failed");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily: a node killed a moment ago may still hold files there.
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        // The cluster left the mount point (and its directory) behind.
+        if !std::thread::panicking() {
+            if let Some(cluster_dir) = self.path.parent() {
+                let _ = std::fs::remove_dir_all(cluster_dir);
+            }
+        }
+    }
+}
+
+fn alarms_of(response: &ferry_server::pb::etcdserverpb::AlarmResponse) -> Vec<(u64, i32)> {
+    response
+        .alarms
+        .iter()
+        .map(|alarm| (alarm.member_id, alarm.alarm))
+        .collect()
+}
+
+/// A three-member cluster whose node 1 keeps its data on a tmpfs of
+/// `size_bytes` (returned beside it, to resize; dropped after it).
+fn cluster_with_small_disk(name: &str, size_bytes: u64, extra_args: &[&str]) -> (Tmpfs, Cluster) {
+    let mount: std::sync::Mutex<Option<Tmpfs>> = std::sync::Mutex::new(None);
+    let cluster = Cluster::prepared(name, 3, extra_args, None, |dir| {
+        if dir.ends_with("node1") {
+            *mount.lock().unwrap() = Some(Tmpfs::mount(dir, size_bytes));
+        }
+    });
+    let mount = mount
+        .into_inner()
+        .unwrap()
+        .expect("node 1's disk is mounted");
+    (mount, cluster)
+}
+
+/// Puts 60 KB values under `prefix` through node 2 until the cluster
+/// refuses one with ResourceExhausted (its status is returned) or `max`
+/// puts were made; answers the keys acknowledged (a put that failed
+/// otherwise may or may not be in).
+async fn fill_until_refused(
+    cluster: &Cluster,
+    prefix: &str,
+    max: usize,
+) -> (Vec<String>, Option<tonic::Status>) {
+    let value = "x".repeat(60_000);
+    let mut acknowledged = Vec::new();
+    for i in 0..max {
+        let Some(channel) = channel(&cluster.url(2)).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let key = format!("{prefix}{i:05}");
+        let put = KvClient::new(channel)
+            .put(PutRequest {
+                key: key.clone().into_bytes(),
+                value: value.clone().into_bytes(),
+                ..Default::default()
+            })
+            .await;
+        match put {
+            Ok(_) => acknowledged.push(key),
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                return (acknowledged, Some(status));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    (acknowledged, None)
+}
+
+/// The alarms node `id` lists.
+async fn alarm_list(cluster: &Cluster, id: u64) -> Vec<(u64, i32)> {
+    let alarms = retry(cluster, id, "alarm list", |channel| async move {
+        MaintenanceClient::new(channel)
+            .alarm(ferry_server::pb::etcdserverpb::AlarmRequest::default())
+            .await
+    })
+    .await;
+    alarms_of(alarms.get_ref())
+}
+
+/// Clears member 1's NOSPACE alarm through node `id`.
+async fn disarm_member_1(cluster: &Cluster, id: u64) {
+    use ferry_server::pb::etcdserverpb::alarm_request::AlarmAction;
+    use ferry_server::pb::etcdserverpb::{AlarmRequest, AlarmType};
+    retry(cluster, id, "alarm disarm", |channel| async move {
+        MaintenanceClient::new(channel)
+            .alarm(AlarmRequest {
+                action: AlarmAction::Deactivate as i32,
+                member_id: 1,
+                alarm: AlarmType::Nospace as i32,
+            })
+            .await
+    })
+    .await;
+}
+
+/// The keys under `prefix` node `id` holds (a serializable read: what it
+/// has applied).
+async fn local_keys(
+    cluster: &Cluster,
+    id: u64,
+    prefix: &str,
+) -> std::collections::BTreeSet<String> {
+    let mut range_end = prefix.as_bytes().to_vec();
+    if let Some(last) = range_end.last_mut() {
+        *last += 1;
+    }
+    let request = RangeRequest {
+        key: prefix.as_bytes().to_vec(),
+        range_end,
+        keys_only: true,
+        serializable: true,
+        ..Default::default()
+    };
+    retry(cluster, id, "range", |channel| {
+        let request = request.clone();
+        async move { KvClient::new(channel).range(request).await }
+    })
+    .await
+    .into_inner()
+    .kvs
+    .into_iter()
+    .map(|kv| String::from_utf8(kv.key).unwrap())
+    .collect()
+}
+
+const NOSPACE_OF_MEMBER_1: (u64, i32) =
+    (1, ferry_server::pb::etcdserverpb::AlarmType::Nospace as i32);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_disk_fills_raises_nospace_loses_nothing_and_takes_writes_once_space_is_back(
+) {
+    // Node 1's data directory is a 96 MiB file system; every member keeps
+    // 80 MB free (so node 1 raises the alarm with some 16 MB used: before
+    // its first flush of the store, which the reserve has room for).
+    let (disk, mut cluster) = cluster_with_small_disk(
+        "disk-full",
+        96 << 20,
+        &[
+            "--disk-reserve-bytes",
+            "80000000",
+            "--wal-segment-bytes",
+            "4000000",
+        ],
+    );
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let (acknowledged, refusal) = fill_until_refused(&cluster, "fill-", 3000).await;
+    let refusal = refusal.unwrap_or_else(|| panic!("the disk never filled\n{}", cluster.log()));
+    assert_eq!(
+        refusal.message(),
+        "etcdserver: mvcc: database space exceeded"
+    );
+    assert!(acknowledged.len() > 50, "{} puts", acknowledged.len());
+    assert!(cluster.is_running(1), "node 1 went down\n{}", cluster.log());
+    assert!(cluster.full_log(1).contains("raising the NOSPACE alarm"));
+
+    // The alarm is node 1's, and every member knows it.
+    for id in 1..=3u64 {
+        assert_eq!(
+            alarm_list(&cluster, id).await,
+            vec![NOSPACE_OF_MEMBER_1],
+            "node {id}"
+        );
+    }
+    // Node 1 still serves reads: a linearizable one, then every
+    // acknowledged put is there.
+    assert!(get(&cluster, 1, &acknowledged[0]).await.is_some());
+    let keys = local_keys(&cluster, 1, "fill-").await;
+    for key in &acknowledged {
+        assert!(keys.contains(key), "{key} was acknowledged and is gone");
+    }
+    // Deletes still go through.
+    let deleted = retry(&cluster, 1, "delete", |channel| async move {
+        KvClient::new(channel)
+            .delete_range(DeleteRangeRequest {
+                key: b"fill-00000".to_vec(),
+                ..Default::default()
+            })
+            .await
+    })
+    .await;
+    assert_eq!(deleted.get_ref().deleted, 1);
+
+    // Space comes back; the operator disarms; writes are taken again, on
+    // node 1 too.
+    disk.resize(512 << 20);
+    disarm_member_1(&cluster, 3).await;
+    put(&cluster, 1, "after", "space is back").await;
+    assert_eq!(
+        get(&cluster, 1, "after").await.as_deref(),
+        Some("space is back")
+    );
+    // It stays cleared: node 1 has room now.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(alarm_list(&cluster, 1).await.is_empty());
+    assert!(cluster.is_running(1));
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_log_finds_its_disk_full_waits_without_losing_anything_and_catches_up() {
+    // No reserve: node 1's log itself meets ENOSPC on its 48 MiB disk.
+    let (disk, mut cluster) = cluster_with_small_disk(
+        "log-disk-full",
+        48 << 20,
+        &[
+            "--disk-reserve-bytes",
+            "0",
+            "--wal-segment-bytes",
+            "4000000",
+        ],
+    );
+    wait_for_leader(&cluster, &[1, 2, 3]).await;
+    let (acknowledged, refusal) = fill_until_refused(&cluster, "log-", 1500).await;
+    // Node 1's log met the full disk and raised NOSPACE; it did not stop.
+    assert!(
+        refusal.is_some(),
+        "no NOSPACE after {} puts\n{}",
+        acknowledged.len(),
+        cluster.log()
+    );
+    assert!(cluster.is_running(1), "node 1 went down\n{}", cluster.log());
+    assert!(
+        cluster.full_log(1).contains("the log cannot write"),
+        "{}",
+        cluster.log()
+    );
+    assert_eq!(alarm_list(&cluster, 3).await, vec![NOSPACE_OF_MEMBER_1]);
+
+    // Room again: node 1's log writes what it held and the node catches
+    // up; once disarmed, it takes writes and holds every acknowledged one.
+    disk.resize(1 << 30);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = retry(&cluster, 1, "status", |channel| async move {
+            MaintenanceClient::new(channel)
+                .status(StatusRequest {})
+                .await
+        })
+        .await;
+        let stalled = status
+            .get_ref()
+            .errors
+            .iter()
+            .any(|e| e.contains("the log cannot write"));
+        if !stalled {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1's log stays stalled\n{}",
+            cluster.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    disarm_member_1(&cluster, 2).await;
+    put(&cluster, 1, "after", "caught up").await;
+    assert_eq!(
+        get(&cluster, 1, "after").await.as_deref(),
+        Some("caught up")
+    );
+    let keys = local_keys(&cluster, 1, "log-").await;
+    for key in &acknowledged {
+        assert!(
+            keys.contains(key),
+            "{key} was acknowledged and node 1 lacks it"
+        );
+    }
+    assert!(cluster.is_running(1));
+    drop(cluster);
+}

@@ -305,6 +305,14 @@ impl NodeHost {
         self.inner.troubles.list()
     }
 
+    /// Whether the log is waiting for room on its disk (a write found it
+    /// full): it holds what it could not write and takes no new work until
+    /// a retry succeeds (see the log task). An embedder raises its "out of
+    /// space" signal on it (the etcd server raises NOSPACE).
+    pub fn log_disk_full(&self) -> bool {
+        self.inner.troubles.disk_full()
+    }
+
     /// Resolves when the host's log has stopped: after [`NodeHost::shutdown`],
     /// or by itself when the storage failed (a failed write or sync), with
     /// why. Nothing can be made durable after that.

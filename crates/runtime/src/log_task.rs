@@ -224,11 +224,18 @@ pub(crate) struct Troubles {
     rotation: std::sync::Mutex<Option<String>>,
     /// Groups whose last local snapshot could not be written, and why.
     snapshots: std::sync::Mutex<BTreeMap<GroupId, String>>,
+    /// The log cannot write what it holds (its disk is full), and why.
+    writes: std::sync::Mutex<Option<String>>,
 }
+
+/// How long the log waits before it tries again to write what a full disk
+/// refused.
+const LOG_WRITE_RETRY: Duration = Duration::from_millis(500);
 
 impl Troubles {
     pub(crate) fn list(&self) -> Vec<String> {
-        let mut list: Vec<String> = lock(&self.rotation).iter().cloned().collect();
+        let mut list: Vec<String> = lock(&self.writes).iter().cloned().collect();
+        list.extend(lock(&self.rotation).iter().cloned());
         list.extend(lock(&self.snapshots).iter().map(|(group, error)| {
             format!("storage: group {group}: cannot take a snapshot: {error}")
         }));
@@ -248,6 +255,24 @@ impl Troubles {
                 None => tracing::info!("the log starts new segments again"),
             }
             *rotation = now;
+        }
+    }
+
+    pub(crate) fn disk_full(&self) -> bool {
+        lock(&self.writes).is_some()
+    }
+
+    fn writes(&self, error: Option<&StorageError>) {
+        let now = error.map(|error| {
+            format!("storage: the log cannot write (it waits, taking no new work, and tries again): {error}")
+        });
+        let mut writes = lock(&self.writes);
+        if *writes != now {
+            match &now {
+                Some(text) => tracing::error!("{text}"),
+                None => tracing::info!("the log writes again"),
+            }
+            *writes = now;
         }
     }
 
@@ -284,10 +309,20 @@ pub(crate) async fn run(
     // What waits for a sync that starts after it was asked.
     let mut waiting: Vec<AfterSync> = Vec::new();
     let mut requests_open = true;
+    // Set while the disk is full: the log holds what it could not write
+    // (nothing it acknowledged), takes no new requests (their senders
+    // wait: back pressure), and tries again at this time.
+    let mut write_retry_at: Option<tokio::time::Instant> = None;
     loop {
-        if !sync_in_flight {
-            match storage.wal.prepare_sync()? {
-                Some(pending) => {
+        if !sync_in_flight && write_retry_at.is_none() {
+            match storage.wal.prepare_sync() {
+                Err(error) if error.is_transient() => {
+                    troubles.writes(Some(&error));
+                    write_retry_at = Some(tokio::time::Instant::now() + LOG_WRITE_RETRY);
+                }
+                Err(error) => return Err(error.into()),
+                Ok(Some(pending)) => {
+                    troubles.writes(None);
                     sync_in_flight = true;
                     after_sync.append(&mut waiting);
                     let done = finished_tx.clone();
@@ -298,7 +333,8 @@ pub(crate) async fn run(
                         let _ = done.send(Finished::Synced(pending, outcome, took));
                     });
                 }
-                None => {
+                Ok(None) => {
+                    troubles.writes(None);
                     // Nothing unsynced: what waits is durable already.
                     for done in waiting.drain(..) {
                         done.answer(&storage, &workers);
@@ -364,8 +400,9 @@ pub(crate) async fn run(
                     workers.complete(group, Completion::ChunkSaved { index, offset, ok, last: true, received });
                 }
             },
+            () = sleep_until_some(write_retry_at) => write_retry_at = None,
             _ = shutdown.wait_for(|stop| *stop), if requests_open => requests_open = false,
-            request = requests.recv(), if requests_open => match request {
+            request = requests.recv(), if requests_open && write_retry_at.is_none() => match request {
                 None => requests_open = false,
                 Some(request) => {
                     if let LogRequest::Append { request, .. } = &request {
@@ -387,6 +424,14 @@ pub(crate) async fn run(
     }
     storage.wal.sync()?;
     Ok(())
+}
+
+/// Resolves at `at`, or never when there is none.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn handle(

@@ -5,7 +5,10 @@
 //! serializable reads read the local state at once. Watches run one task per
 //! client stream that drains the watch hub; leases renew on the leader's
 //! clock. Calls ferry does not offer answer `Unimplemented` with a message
-//! that says so.
+//! that says so. The same calls are served as JSON over HTTP/1.1 by the
+//! [`gateway`] on the same ports.
+
+pub mod gateway;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,16 +21,21 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::tokio_stream::StreamExt;
+use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Access, AuthError, AuthStore, PASSWORD_BYTES_MAX};
 use crate::auth_token::{Issued, TokenConfig, Tokens, SIMPLE_TOKEN_TTL_DEFAULT, TOKEN_BYTES_MAX};
 use crate::authority::AuthorityRepair;
-use crate::backend::{Backend, NodeStatus};
-use crate::command::{command, CommandKind, LeaseGrantCommand, LeaseRevokeCommand};
-use crate::connections::{ClientConnection, ClientTimeouts, ConnectionGate, ConnectionLimits};
+use crate::backend::{Backend, Defragmented, NodeStatus};
+use crate::command::{
+    command, encoded_command_len, CommandKind, LeaseGrantCommand, LeaseRevokeCommand,
+};
+use crate::connections::{
+    ClientConnection, ClientProtocol, ClientTimeouts, ConnectionGate, ConnectionLimits,
+};
 use crate::error::{ApiError, KvError};
-use crate::kv_state::CommandResponse;
+use crate::kv_state::{grows_store, CommandResponse};
 use crate::log_limit::SharedLogLimiter;
 use crate::metrics::grpc::{GrpcMetrics, GrpcMetricsLayer};
 use crate::pb::etcdserverpb as pb;
@@ -198,7 +206,14 @@ pub struct ApiOptions {
     pub client_timeouts: ClientTimeouts,
     /// Authentication settings.
     pub auth: AuthOptions,
+    /// Bytes this member's store may hold (`--quota-backend-bytes`): a
+    /// write that grows the store past it raises the cluster's NOSPACE
+    /// alarm and is refused, as etcd does.
+    pub quota_backend_bytes: u64,
 }
+
+/// etcd's default backend quota: 2 GiB.
+pub const QUOTA_BACKEND_BYTES_DEFAULT: u64 = 2 << 30;
 
 impl Default for ApiOptions {
     fn default() -> Self {
@@ -210,6 +225,7 @@ impl Default for ApiOptions {
             connection_limits: ConnectionLimits::default(),
             client_timeouts: ClientTimeouts::default(),
             auth: AuthOptions::default(),
+            quota_backend_bytes: QUOTA_BACKEND_BYTES_DEFAULT,
         }
     }
 }
@@ -329,7 +345,12 @@ impl<B: Backend> EtcdApi<B> {
     /// client that brings it. So an unknown one makes this member catch up
     /// with everything committed before the call (ReadIndex) first.
     async fn credentials<T>(&self, request: &Request<T>) -> Result<Credentials, Status> {
-        let credentials = Credentials::of(request);
+        self.authenticated(Credentials::of(request)).await
+    }
+
+    /// `credentials`, once a simple token this member does not know yet
+    /// had the chance to arrive (see [`EtcdApi::credentials`]).
+    async fn authenticated(&self, credentials: Credentials) -> Result<Credentials, Status> {
         if let Some(token) = &credentials.token {
             let unknown = self.tokens.is_simple() && token.len() <= TOKEN_BYTES_MAX && {
                 let machine = self.backend.state().lock();
@@ -500,6 +521,7 @@ impl<B: Backend> EtcdApi<B> {
             let accepted_tx = accepted_tx.clone();
             let gate = gate.clone();
             let warnings = warnings.clone();
+            let api = self.clone();
             tokio::spawn(async move {
                 loop {
                     let (stream, remote, ticket) = tokio::select! {
@@ -508,32 +530,38 @@ impl<B: Backend> EtcdApi<B> {
                         accepted = gate.accept(&listener, "client", &warnings) => accepted,
                     };
                     let _ = stream.set_nodelay(true);
-                    let Some(tls) = &tls else {
-                        let connection =
-                            ClientConnection::new(ClientIo::Plain(stream), timeouts, Some(ticket));
-                        if accepted_tx
-                            .send(Ok(AuthorityRepair::new(connection)))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                        continue;
-                    };
-                    // Handshakes run beside the accept loop, each holding
-                    // its ticket: a slow one delays nobody else.
+                    // Handshakes and the first bytes are awaited beside
+                    // the accept loop, each holding its ticket: a slow
+                    // client delays nobody else.
                     let tls = tls.clone();
                     let accepted_tx = accepted_tx.clone();
+                    let api = api.clone();
                     tokio::spawn(async move {
-                        match ClientIo::accept_tls(stream, &tls, timeouts.handshake).await {
-                            Ok(io) => {
-                                let connection = ClientConnection::new(io, timeouts, Some(ticket));
+                        let io = match &tls {
+                            None => ClientIo::Plain(stream),
+                            Some(tls) => {
+                                match ClientIo::accept_tls(stream, tls, timeouts.handshake).await {
+                                    Ok(io) => io,
+                                    Err(error) => {
+                                        // A client's mistake, not the node's: no warning.
+                                        tracing::debug!(%remote, %error, "client TLS handshake failed");
+                                        return;
+                                    }
+                                }
+                            }
+                        };
+                        let info = io.connect_info();
+                        let mut connection = ClientConnection::new(io, timeouts, Some(ticket));
+                        match connection.sniff().await {
+                            Ok(ClientProtocol::Http2) => {
                                 let _ =
                                     accepted_tx.send(Ok(AuthorityRepair::new(connection))).await;
                             }
+                            Ok(ClientProtocol::Http1) => {
+                                gateway::serve_connection(api, connection, info).await;
+                            }
                             Err(error) => {
-                                // A client's mistake, not the node's: no warning.
-                                tracing::debug!(%remote, %error, "client TLS handshake failed");
+                                tracing::debug!(%remote, %error, "a client connection ended before its first request");
                             }
                         }
                     });
@@ -595,7 +623,7 @@ impl<B: Backend> EtcdApi<B> {
         credentials: &Credentials,
         mut command: Command,
     ) -> Result<CommandResponse, ApiError> {
-        {
+        let over_quota = {
             // Refuse what can be refused before it costs a log entry, and
             // write the limits it was admitted under into the command, for
             // every replica to apply it under the same ones; likewise who
@@ -613,8 +641,41 @@ impl<B: Backend> EtcdApi<B> {
             if let Some(CommandKind::Txn(txn)) = &command.kind {
                 kv.admit_txn_response(txn)?;
             }
+            if grows_store(&command) && kv.out_of_space() {
+                return Err(KvError::NoSpace.into());
+            }
+            let size_bytes = kv.store().size_bytes();
+            let cost = encoded_command_len(&command) as u64;
+            (grows_store(&command)
+                && size_bytes.saturating_add(cost) > self.options.quota_backend_bytes)
+                .then_some(size_bytes)
+        };
+        if let Some(size_bytes) = over_quota {
+            self.raise_no_space(size_bytes).await;
+            return Err(KvError::NoSpace.into());
         }
         self.backend.propose(command).await
+    }
+
+    /// Raises this member's NOSPACE alarm for the whole cluster (a write
+    /// would grow its store past the quota). A failure to raise it is
+    /// logged: the write is refused all the same, and the next one tries
+    /// again.
+    async fn raise_no_space(&self, size_bytes: u64) {
+        let member_id = self.backend.status().member_id;
+        tracing::warn!(
+            size_bytes,
+            quota_backend_bytes = self.options.quota_backend_bytes,
+            "the store is at its quota: raising the NOSPACE alarm"
+        );
+        let raise = command(CommandKind::Alarm(pb::AlarmRequest {
+            action: pb::alarm_request::AlarmAction::Activate as i32,
+            member_id,
+            alarm: pb::AlarmType::Nospace as i32,
+        }));
+        if let Err(error) = self.backend.propose(raise).await {
+            tracing::warn!(%error, "raising the NOSPACE alarm failed");
+        }
     }
 
     /// Checks `password` against `user`'s by the newest auth state (a
@@ -913,14 +974,18 @@ impl<B: Backend> EtcdApi<B> {
         }
     }
 
-    async fn run_watch_stream(
+    async fn run_watch_stream<S>(
         self,
         stream_id: StreamId,
         wake: Arc<tokio::sync::Notify>,
-        mut incoming: Streaming<pb::WatchRequest>,
+        mut incoming: S,
         outgoing: WatchOutgoing,
         mut watch_auth: WatchAuth,
-    ) {
+    ) where
+        S: tonic::codegen::tokio_stream::Stream<Item = Result<pb::WatchRequest, Status>>
+            + Unpin
+            + Send,
+    {
         let _guard = StreamGuard {
             backend: self.backend.clone(),
             stream_id,
@@ -930,11 +995,11 @@ impl<B: Backend> EtcdApi<B> {
         progress.tick().await;
         loop {
             tokio::select! {
-                message = incoming.message() => {
+                message = incoming.next() => {
                     let request = match message {
-                        Ok(Some(request)) => request,
-                        Ok(None) => return,
-                        Err(status) => {
+                        Some(Ok(request)) => request,
+                        None => return,
+                        Some(Err(status)) => {
                             tracing::debug!(%status, "watch stream closed by an error");
                             return;
                         }
@@ -1008,8 +1073,28 @@ impl<B: Backend> Watch for EtcdApi<B> {
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let credentials = self.credentials(&request).await?;
+        let responses = self.open_watch(&credentials, request.into_inner()).await?;
+        Ok(Response::new(responses))
+    }
+}
+
+impl<B: Backend> EtcdApi<B> {
+    /// Opens a watch stream fed by `incoming` (a gRPC client's stream, or
+    /// the JSON gateway's requests) for the caller of `credentials`.
+    pub(crate) async fn open_watch<S>(
+        &self,
+        credentials: &Credentials,
+        incoming: S,
+    ) -> Result<WatchResponseStream, Status>
+    where
+        S: tonic::codegen::tokio_stream::Stream<Item = Result<pb::WatchRequest, Status>>
+            + Unpin
+            + Send
+            + 'static,
+    {
         self.serving()?;
-        let (user, checked_revision) = self.caller(&self.credentials(&request).await?)?;
+        let (user, checked_revision) = self.caller(credentials)?;
         let opened = self.backend.state().lock().watches.open_stream();
         let Some((stream_id, wake)) = opened else {
             return Err(Status::resource_exhausted(
@@ -1029,7 +1114,7 @@ impl<B: Backend> Watch for EtcdApi<B> {
         tokio::spawn(self.clone().run_watch_stream(
             stream_id,
             wake,
-            request.into_inner(),
+            incoming,
             outgoing,
             WatchAuth {
                 user,
@@ -1042,7 +1127,7 @@ impl<B: Backend> Watch for EtcdApi<B> {
             drop(permit);
             response
         });
-        Ok(Response::new(Box::pin(responses)))
+        Ok(Box::pin(responses))
     }
 }
 
@@ -1113,19 +1198,7 @@ impl<B: Backend> Lease for EtcdApi<B> {
                     Ok(Some(request)) => request,
                     Ok(None) | Err(_) => return,
                 };
-                if let Err(status) = api.serving() {
-                    let _ = outgoing.send(Err(status)).await;
-                    return;
-                }
-                let answer = match api.backend.lease_keep_alive(request.id).await {
-                    // etcd answers an unknown lease with TTL 0, not an error.
-                    Ok(ttl) => Ok(pb::LeaseKeepAliveResponse {
-                        header: Some(api.header(api.current_revision())),
-                        id: request.id,
-                        ttl: ttl.unwrap_or(0),
-                    }),
-                    Err(error) => Err(Status::from(error)),
-                };
+                let answer = api.renew_lease(request.id).await;
                 let failed = answer.is_err();
                 if outgoing.send(answer).await.is_err() || failed {
                     return;
@@ -1295,6 +1368,23 @@ impl<B: Backend> Cluster for EtcdApi<B> {
     }
 }
 
+impl<B: Backend> EtcdApi<B> {
+    /// Renews lease `id` once: one answer of a keep-alive stream (gRPC's
+    /// or the gateway's), whose caller was authorized when it opened.
+    async fn renew_lease(&self, id: i64) -> Result<pb::LeaseKeepAliveResponse, Status> {
+        self.serving()?;
+        match self.backend.lease_keep_alive(id).await {
+            // etcd answers an unknown lease with TTL 0, not an error.
+            Ok(ttl) => Ok(pb::LeaseKeepAliveResponse {
+                header: Some(self.header(self.current_revision())),
+                id,
+                ttl: ttl.unwrap_or(0),
+            }),
+            Err(error) => Err(Status::from(error)),
+        }
+    }
+}
+
 /// Stream type of the Snapshot call (a backup, see [`crate::backup`]).
 pub type SnapshotStream = ReceiverStream<Result<pb::SnapshotResponse, Status>>;
 
@@ -1317,20 +1407,34 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
     ) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction;
         let credentials = self.credentials(&request).await?;
-        let action = AlarmAction::try_from(request.into_inner().action);
-        if action != Ok(AlarmAction::Get) {
-            // Anyone may list alarms (etcdctl's health check does).
-            self.require_admin(&credentials)?;
-        }
-        match action {
-            // ferry raises no alarms, so the list is always empty.
-            Ok(AlarmAction::Get) => Ok(Response::new(pb::AlarmResponse {
-                header: Some(self.header(self.current_revision())),
-                alarms: Vec::new(),
-            })),
-            Ok(AlarmAction::Activate) | Ok(AlarmAction::Deactivate) | Err(_) => {
-                Err(ApiError::Unimplemented("raising or clearing alarms").into())
+        let request = request.into_inner();
+        match AlarmAction::try_from(request.action) {
+            // Anyone may list alarms (etcdctl's health check does); each
+            // member answers from the replicated state it has applied.
+            Ok(AlarmAction::Get) => {
+                let alarms = self.backend.state().lock().kv().alarms();
+                Ok(Response::new(pb::AlarmResponse {
+                    header: Some(self.header(self.current_revision())),
+                    alarms,
+                }))
             }
+            Ok(AlarmAction::Activate) | Ok(AlarmAction::Deactivate) => {
+                self.require_admin(&credentials)?;
+                match self
+                    .propose(&credentials, command(CommandKind::Alarm(request)))
+                    .await?
+                {
+                    CommandResponse::Alarm(alarms) => Ok(Response::new(pb::AlarmResponse {
+                        header: Some(self.header(self.current_revision())),
+                        alarms,
+                    })),
+                    other => Err(unexpected(other)),
+                }
+            }
+            Err(_) => Err(Status::invalid_argument(format!(
+                "ferry: unknown alarm action {}",
+                request.action
+            ))),
         }
     }
 
@@ -1338,15 +1442,24 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         &self,
         _request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let status = self.backend.status();
-        let (revision, db_size) = {
+        let mut status = self.backend.status();
+        let (revision, db_size, alarms) = {
             let machine = self.backend.state().lock();
             let store = machine.kv().store();
             (
                 store.revision(),
                 i64::try_from(store.size_bytes()).unwrap_or(i64::MAX),
+                machine.kv().alarms(),
             )
         };
+        // As etcd lists them: one error per raised alarm.
+        status.errors.extend(alarms.iter().map(|alarm| {
+            format!(
+                "memberID:{} alarm:{}",
+                alarm.member_id,
+                pb::AlarmType::try_from(alarm.alarm).map_or("UNKNOWN", |a| a.as_str_name())
+            )
+        }));
         Ok(Response::new(pb::StatusResponse {
             header: Some(pb::ResponseHeader {
                 cluster_id: status.cluster_id,
@@ -1373,12 +1486,24 @@ impl<B: Backend> Maintenance for EtcdApi<B> {
         self.serving()?;
         self.require_admin(&self.credentials(&request).await?)?;
         // etcd rewrites its bbolt file to give back the pages deleted keys
-        // left free. ferry's store holds no free pages: its runs are
-        // written whole and merges rewrite them, dropping what compaction
-        // removed, as they go (in memory, each snapshot is written whole).
-        // There is nothing to give back: the call succeeds, as etcd's does
-        // on a compact file.
-        tracing::info!("defragment: nothing to do (the store keeps no free pages; merges reclaim compacted versions)");
+        // left free. ferry's store holds no free pages, but the versions
+        // compaction removed stay in its runs until a merge rewrites them:
+        // a defragment merges every run into one now, so that the space
+        // is back when it answers (an operator clearing a NOSPACE alarm
+        // compacts, defragments, then disarms).
+        match self.backend.defragment().await {
+            Defragmented::NothingToDo => tracing::info!(
+                "defragment: nothing to do (the state is in memory; compaction freed what it removed)"
+            ),
+            Defragmented::Merged {
+                size_bytes_before,
+                size_bytes_after,
+            } => tracing::info!(
+                size_bytes_before,
+                size_bytes_after,
+                "defragment: the store was merged into one run"
+            ),
+        }
         Ok(Response::new(pb::DefragmentResponse {
             header: Some(self.header(self.current_revision())),
         }))

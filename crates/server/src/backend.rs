@@ -49,6 +49,20 @@ pub struct NodeStatus {
     pub errors: Vec<String>,
 }
 
+/// What a defragment did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defragmented {
+    /// The state is kept in memory: compaction freed what it removed.
+    NothingToDo,
+    /// The store on disk was merged into one run.
+    Merged {
+        /// Bytes of the store before the merge.
+        size_bytes_before: u64,
+        /// Bytes of the store after the merge.
+        size_bytes_after: u64,
+    },
+}
+
 /// The node operations the etcd API is built on.
 ///
 /// All futures must be `Send`: they run on tonic's multi-threaded runtime.
@@ -93,6 +107,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Removes a member; returns the new member list.
     fn member_remove(&self, id: u64) -> impl Future<Output = Result<Vec<Member>, ApiError>> + Send;
+
+    /// Gives back the space compaction freed (Defragment). Answers what
+    /// was done, for the log. The default has nothing to do: a state kept
+    /// in memory frees compacted versions when it compacts.
+    fn defragment(&self) -> impl Future<Output = Defragmented> + Send {
+        async { Defragmented::NothingToDo }
+    }
 
     /// Changes the peer URLs of member `id` (MemberUpdate); returns the
     /// new member list. The default refuses: a backend without peers has

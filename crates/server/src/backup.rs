@@ -221,9 +221,10 @@ pub fn restore(path: &Path, data_dir: &Path, limits: KvLimits) -> Result<BackupI
         limits,
         |snapshot| {
             // The state before the new cluster's first entry, with none of
-            // the old cluster's members.
+            // the old cluster's members nor their alarms.
             snapshot.applied_index = 0;
             snapshot.members.clear();
+            snapshot.alarms.clear();
         },
     );
     let checked = match restored {

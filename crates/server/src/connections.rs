@@ -65,7 +65,28 @@ pub struct ClientConnection<IO> {
     preface_bytes_read: usize,
     timer: Pin<Box<Sleep>>,
     _ticket: Option<ConnectionTicket>,
+    /// Bytes read ahead by [`ClientConnection::sniff`], given to the next
+    /// reads before anything new.
+    replay: bytes::BytesMut,
+    /// Served as HTTP/1.1 (the JSON gateway): after its first bytes the
+    /// connection's silences are bounded by the HTTP server's own header
+    /// timeout, not the idle timeout (a watch answered over HTTP/1.1 has
+    /// nothing to ping with; its client rightly says nothing for long).
+    http1: bool,
 }
+
+/// What a client connection speaks, by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientProtocol {
+    /// The HTTP/2 preface: gRPC.
+    Http2,
+    /// Anything else: HTTP/1.1 for the JSON gateway (a request line).
+    Http1,
+}
+
+/// The bytes that tell the protocols apart: the preface starts `PRI `,
+/// which no HTTP/1.1 method does.
+const SNIFF_BYTES: usize = 4;
 
 /// `at + after`, or far in the future when that cannot be represented.
 fn later(at: Instant, after: Duration) -> Instant {
@@ -88,7 +109,40 @@ impl<IO> ClientConnection<IO> {
             preface_bytes_read: 0,
             timer: Box::pin(tokio::time::sleep_until(later(now, timeouts.handshake))),
             _ticket: ticket,
+            replay: bytes::BytesMut::new(),
+            http1: false,
         }
+    }
+
+    /// Reads the connection's first bytes (within the handshake timeout)
+    /// and tells which protocol they start; the bytes are read again by
+    /// whoever serves the connection. A connection that ends or times out
+    /// first is an error.
+    pub async fn sniff(&mut self) -> io::Result<ClientProtocol>
+    where
+        IO: AsyncRead + Unpin,
+    {
+        use tokio::io::AsyncReadExt;
+        let mut first = [0u8; SNIFF_BYTES];
+        let mut filled = 0;
+        while filled < SNIFF_BYTES {
+            let read = self.read(&mut first[filled..]).await?;
+            if read == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the client closed the connection before its first request",
+                ));
+            }
+            filled += read;
+        }
+        self.replay.extend_from_slice(&first);
+        let protocol = if first == *b"PRI " {
+            ClientProtocol::Http2
+        } else {
+            ClientProtocol::Http1
+        };
+        self.http1 = protocol == ClientProtocol::Http1;
+        Ok(protocol)
     }
 
     fn in_handshake(&self) -> bool {
@@ -96,7 +150,10 @@ impl<IO> ClientConnection<IO> {
     }
 
     fn deadline(&self) -> Instant {
-        if self.in_handshake() {
+        if self.http1 {
+            // hyper's header timeout bounds it (see `http1`).
+            later(self.last_read_at, FAR_FUTURE)
+        } else if self.in_handshake() {
             later(self.accepted_at, self.timeouts.handshake)
         } else {
             later(self.last_read_at, self.timeouts.idle)
@@ -111,6 +168,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for ClientConnection<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.replay.is_empty() {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {

@@ -72,6 +72,11 @@ pub enum KvError {
     /// `ignore_lease` was set together with a lease.
     #[error("etcdserver: lease is provided")]
     LeaseProvided,
+    /// A NOSPACE alarm is raised: writes that grow the store (puts, txns
+    /// with a put, lease grants) are refused until it is cleared; reads,
+    /// deletes and compaction still run.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
     /// An auth call or a permission check failed.
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
@@ -240,6 +245,7 @@ impl From<ApiError> for tonic::Status {
                 }
                 KvError::LeaseNotFound => Code::NotFound,
                 KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
+                KvError::NoSpace => Code::ResourceExhausted,
                 KvError::Auth(auth) => auth.code(),
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
                 // Clients move to another member on Unavailable.

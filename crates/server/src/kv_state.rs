@@ -19,13 +19,15 @@ use crate::mvcc::{
     kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, SnapshotVersionCheck,
     Version,
 };
+use crate::pb::etcdserverpb::alarm_request::AlarmAction;
 use crate::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::pb::etcdserverpb::request_op::Request;
 use crate::pb::etcdserverpb::response_op::Response;
 use crate::pb::etcdserverpb::{
-    CompactionRequest, CompactionResponse, Compare, DeleteRangeRequest, DeleteRangeResponse,
-    LeaseGrantResponse, LeaseRevokeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
-    RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+    AlarmMember, AlarmRequest, AlarmType, CompactionRequest, CompactionResponse, Compare,
+    DeleteRangeRequest, DeleteRangeResponse, LeaseGrantResponse, LeaseRevokeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest,
+    TxnResponse,
 };
 use crate::pb::ferrypb::{
     self, CommandBounds, LeaseExpireCommand, LeaseGrantCommand, LeaseRevokeCommand,
@@ -164,6 +166,30 @@ pub fn txn_ops(txn: &TxnRequest) -> usize {
         .fold(level, usize::saturating_add)
 }
 
+/// Whether a command may grow the store: a put, a txn that may put, a
+/// lease grant (what the quota counts and a NOSPACE alarm refuses).
+pub fn grows_store(command: &ferrypb::Command) -> bool {
+    match &command.kind {
+        Some(CommandKind::Put(_)) | Some(CommandKind::LeaseGrant(_)) => true,
+        Some(CommandKind::Txn(txn)) => txn_may_put(txn),
+        _ => false,
+    }
+}
+
+/// Whether a txn may put a key, in either branch, at any depth (the
+/// writes a NOSPACE alarm refuses). Its depth is bounded by the decoder
+/// and by [`KvLimits::txn_depth_max`].
+pub fn txn_may_put(txn: &TxnRequest) -> bool {
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .any(|op| match &op.request {
+            Some(Request::RequestPut(_)) => true,
+            Some(Request::RequestTxn(nested)) => txn_may_put(nested),
+            Some(Request::RequestRange(_)) | Some(Request::RequestDeleteRange(_)) | None => false,
+        })
+}
+
 /// Whether applying a command builds the results of its reads: the
 /// key-values of a txn's ranges and the previous values returned by puts
 /// and deletes. Only the member a client waits on needs them; on the others
@@ -211,6 +237,8 @@ pub enum CommandResponse {
         /// The auth revision afterwards.
         auth_revision: u64,
     },
+    /// The alarms an alarm command raised or cleared.
+    Alarm(Vec<AlarmMember>),
     /// A simple token was handed out: every member holds it from now on
     /// (the caller puts it into the node's token table).
     TokenAssigned(crate::auth_token::AssignedToken),
@@ -247,7 +275,15 @@ pub struct KvState {
     members: BTreeMap<u64, ferrypb::MemberRecordCommand>,
     /// Users, roles and permissions.
     auth: AuthStore,
+    /// The raised alarms: (member id, [`AlarmType`] number).
+    alarms: BTreeSet<(u64, i32)>,
 }
+
+/// Alarms the state holds at most: a member raises at most one of each
+/// type, and the API raises them only for members of the cluster, so the
+/// bound is never met in a healthy cluster; past it a raise is ignored
+/// (the same on every replica) rather than grow the state without end.
+pub const ALARMS_MAX: usize = 1024;
 
 /// A write transaction in progress: one revision, ops numbered in order.
 struct WriteTxn {
@@ -310,7 +346,62 @@ impl KvState {
             limits,
             members: BTreeMap::new(),
             auth: AuthStore::new(),
+            alarms: BTreeSet::new(),
         }
+    }
+
+    /// The raised alarms, in member id then type order.
+    pub fn alarms(&self) -> Vec<AlarmMember> {
+        self.alarms
+            .iter()
+            .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
+            .collect()
+    }
+
+    /// Whether a NOSPACE alarm is raised (by any member): writes that grow
+    /// the store are refused on every replica then.
+    pub fn out_of_space(&self) -> bool {
+        self.alarms
+            .iter()
+            .any(|&(_, alarm)| alarm == AlarmType::Nospace as i32)
+    }
+
+    /// Refuses a command that would grow the store while NOSPACE is
+    /// raised: a put, a txn that may put (in either branch, at any depth),
+    /// a lease grant. As etcd's capped applier does, deletes, compactions,
+    /// revokes and everything else still apply, so that space can be won
+    /// back.
+    fn check_capped(&self, command: &ferrypb::Command) -> Result<(), KvError> {
+        if self.out_of_space() && grows_store(command) {
+            Err(KvError::NoSpace)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Raises or clears one alarm; answers the alarms it changed (none
+    /// when there was nothing to change, as etcd answers).
+    fn alarm(&mut self, request: &AlarmRequest) -> CommandResponse {
+        let known = matches!(
+            AlarmType::try_from(request.alarm),
+            Ok(AlarmType::Nospace) | Ok(AlarmType::Corrupt)
+        );
+        let entry = (request.member_id, request.alarm);
+        let changed = match AlarmAction::try_from(request.action) {
+            Ok(AlarmAction::Activate) if known && self.alarms.len() < ALARMS_MAX => {
+                self.alarms.insert(entry)
+            }
+            Ok(AlarmAction::Deactivate) => self.alarms.remove(&entry),
+            Ok(AlarmAction::Activate) | Ok(AlarmAction::Get) | Err(_) => false,
+        };
+        CommandResponse::Alarm(if changed {
+            vec![AlarmMember {
+                member_id: request.member_id,
+                alarm: request.alarm,
+            }]
+        } else {
+            Vec::new()
+        })
     }
 
     /// The replicated auth state.
@@ -366,7 +457,9 @@ impl KvState {
                 }
                 result
             }
-            Some(CommandKind::Compact(_)) => auth.check_admin(user).map_err(KvError::from),
+            Some(CommandKind::Compact(_)) | Some(CommandKind::Alarm(_)) => {
+                auth.check_admin(user).map_err(KvError::from)
+            }
             Some(CommandKind::LeaseGrant(_)) => auth.check_user(user).map_err(KvError::from),
             Some(CommandKind::LeaseRevoke(LeaseRevokeCommand { id })) => {
                 self.authorize_lease_keys(user, *id)
@@ -632,7 +725,10 @@ impl KvState {
         };
         let response = match validate_under(command, &bounds) {
             Err(error) => Err(error),
-            Ok(()) => match self.recheck(command) {
+            Ok(()) => match self
+                .recheck(command)
+                .and_then(|()| self.check_capped(command))
+            {
                 Err(error) => Err(error),
                 Ok(()) => self.execute(command, &mut txn),
             },
@@ -772,6 +868,7 @@ impl KvState {
                 self.auth_change(|auth| auth.role_revoke_permission(r))
             }
             Some(CommandKind::AuthToken(assign)) => self.assign_token(assign),
+            Some(CommandKind::Alarm(request)) => Ok(self.alarm(request)),
             Some(CommandKind::LeaseExpire(LeaseExpireCommand { ids })) => {
                 let mut expired_ids = Vec::new();
                 for id in ids {
@@ -1189,6 +1286,7 @@ impl KvState {
             // cluster that never used auth keep their earlier bytes
             // (restoring without it gives the same untouched state).
             auth: (self.auth != AuthStore::new()).then(|| self.auth.to_snapshot()),
+            alarms: self.alarms(),
             ..ferrypb::Snapshot::default()
         };
         (head, tail)
@@ -1350,6 +1448,12 @@ impl KvState {
             limits,
             members: snapshot.members.into_iter().map(|m| (m.id, m)).collect(),
             auth: AuthStore::from_snapshot(snapshot.auth).map_err(CodecError::Inconsistent)?,
+            alarms: snapshot
+                .alarms
+                .into_iter()
+                .take(ALARMS_MAX)
+                .map(|a| (a.member_id, a.alarm))
+                .collect(),
         })
     }
 
@@ -1380,6 +1484,7 @@ impl KvState {
         head.leases = tail.leases;
         head.members = tail.members;
         head.auth = tail.auth;
+        head.alarms = tail.alarms;
         bytes::Bytes::from(head.encode_to_vec())
     }
 
@@ -1404,6 +1509,7 @@ impl KvState {
             leases: std::mem::take(&mut head.leases),
             members: std::mem::take(&mut head.members),
             auth: head.auth.take(),
+            alarms: std::mem::take(&mut head.alarms),
             ..ferrypb::Snapshot::default()
         };
         head.versions.clear();
@@ -1425,6 +1531,14 @@ impl KvState {
     pub fn checkpoint(&mut self) {
         let meta = self.meta();
         self.store.checkpoint(self.applied_index, meta);
+    }
+
+    /// Checkpoints the state and asks the store to merge all its runs,
+    /// with what the checkpoint flushes, into one (a defragment); the
+    /// ticket tells when it is done (`self.store().full_merge_done`).
+    pub fn request_full_merge(&mut self) -> u64 {
+        self.checkpoint();
+        self.store.request_full_merge(self.applied_index)
     }
 
     /// The next flush or merge of the store to run (off the apply path),
@@ -1702,6 +1816,7 @@ fn validate_under(command: &ferrypb::Command, limits: &KvLimits) -> Result<(), K
             Ok(())
         }
         Some(CommandKind::Compact(_))
+        | Some(CommandKind::Alarm(_))
         | Some(CommandKind::LeaseGrant(_))
         | Some(CommandKind::LeaseRevoke(_))
         | Some(CommandKind::LeaseExpire(_))
@@ -1869,6 +1984,7 @@ fn with_revision(response: CommandResponse, revision: i64) -> CommandResponse {
             revision,
         },
         CommandResponse::MemberRecorded => CommandResponse::MemberRecorded,
+        CommandResponse::Alarm(alarms) => CommandResponse::Alarm(alarms),
         CommandResponse::TokenAssigned(token) => CommandResponse::TokenAssigned(token),
         CommandResponse::AuthChanged { auth_revision } => {
             CommandResponse::AuthChanged { auth_revision }

@@ -15,7 +15,8 @@
 //!   behind one lock.
 //! - [`backend`]: the trait the API is written against, and the in-process
 //!   single-node backend.
-//! - [`api`]: the etcd gRPC services.
+//! - [`api`]: the etcd gRPC services, and [`api::gateway`], the same calls
+//!   as etcd's JSON/HTTP gateway on the same ports.
 //! - [`backup`]: backups (etcd's Maintenance `Snapshot` stream, the file
 //!   `etcdctl snapshot save` writes), inspected and restored into a new
 //!   cluster.
@@ -65,14 +66,17 @@ pub mod pb {
     /// etcd's `authpb` package: users, roles and permissions.
     pub mod authpb {
         tonic::include_proto!("authpb");
+        include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
     }
     /// etcd's `mvccpb` package: key-values and watch events.
     pub mod mvccpb {
         tonic::include_proto!("mvccpb");
+        include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
     }
     /// etcd's `etcdserverpb` package: the v3 API.
     pub mod etcdserverpb {
         tonic::include_proto!("etcdserverpb");
+        include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
     }
     /// ferry's replicated commands and snapshots.
     pub mod ferrypb {

@@ -534,6 +534,17 @@ impl MvccStore {
         self.versions.next_job(lane)
     }
 
+    /// Asks for a merge of every run into one (see
+    /// [`VersionStore::request_full_merge`]); answers its ticket.
+    pub fn request_full_merge(&mut self, after_marker: u64) -> u64 {
+        self.versions.request_full_merge(after_marker)
+    }
+
+    /// Whether the full merge of `ticket` has finished.
+    pub fn full_merge_done(&self, ticket: u64) -> bool {
+        self.versions.full_merge_done(ticket)
+    }
+
     /// Installs what a job did; the manifest write returned makes it
     /// durable (see [`VersionStore::finish_job`]).
     pub fn finish_job(

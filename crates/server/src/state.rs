@@ -77,6 +77,12 @@ impl StateMachine {
         self.kv.next_store_job(lane)
     }
 
+    /// Asks for a merge of the whole store (see
+    /// [`KvState::request_full_merge`]).
+    pub fn request_full_merge(&mut self) -> u64 {
+        self.kv.request_full_merge()
+    }
+
     /// Installs what a store job did (see [`KvState::finish_store_job`]).
     pub fn finish_store_job(
         &mut self,

@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 /// A file opened for appending. Methods take `&self` so that a sync can run
 /// on one thread while another appends the next batch.
 pub trait DiskFile: Send + Sync + std::fmt::Debug + 'static {
-    /// Appends `data` at the end of the file.
+    /// Appends `data` at the end of the file. A failed append leaves the
+    /// file as it was (what part of `data` reached it is cut back), so
+    /// that one that failed for want of space can be made again; if the
+    /// cut itself fails, the error says so and carries no OS error code.
     fn append(&self, data: &[u8]) -> io::Result<()>;
     /// Makes every byte appended so far durable (fdatasync).
     fn sync_data(&self) -> io::Result<()>;
@@ -73,11 +76,31 @@ pub struct FsDisk;
 #[derive(Debug)]
 pub struct FsFile {
     file: File,
+    /// Bytes appended whole so far: where the next append starts.
+    len: std::sync::atomic::AtomicU64,
 }
 
 impl DiskFile for FsFile {
     fn append(&self, data: &[u8]) -> io::Result<()> {
-        (&self.file).write_all(data)
+        use std::io::{Seek, SeekFrom};
+        use std::sync::atomic::Ordering;
+        let Err(error) = (&self.file).write_all(data) else {
+            self.len.fetch_add(data.len() as u64, Ordering::Relaxed);
+            return Ok(());
+        };
+        // A write that ran out of space may have written part of `data`:
+        // cut it, so that the next append follows the last whole one.
+        let start = self.len.load(Ordering::Relaxed);
+        let cut = self
+            .file
+            .set_len(start)
+            .and_then(|()| (&self.file).seek(SeekFrom::Start(start)).map(|_| ()));
+        match cut {
+            Ok(()) => Err(error),
+            Err(cut) => Err(io::Error::other(format!(
+                "{error}; cutting back the partial append failed: {cut}"
+            ))),
+        }
     }
     fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
@@ -135,8 +158,12 @@ impl Disk for FsDisk {
             .truncate(true)
             .open(path)?;
         // Appends go through the write position, which starts at 0 and only
-        // moves forward because nothing else writes to this handle.
-        Ok(FsFile { file })
+        // moves forward because nothing else writes to this handle (a
+        // failed append puts it back where it was).
+        Ok(FsFile {
+            file,
+            len: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     fn read_all(&self, path: &Path) -> io::Result<Vec<u8>> {

@@ -234,6 +234,28 @@ impl StorageError {
         StorageError::io(op, path, source)
     }
 
+    /// Wraps the error of an append: running out of space or quota left
+    /// the file as it was (a failed append is cut back, see
+    /// [`crate::disk::DiskFile::append`]), so it is
+    /// [`StorageError::Unavailable`]: the same bytes may be appended again
+    /// once there is room.
+    pub fn appending(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        if is_out_of_space(&source) {
+            return StorageError::Unavailable {
+                op,
+                path: path.into(),
+                source,
+            };
+        }
+        StorageError::io(op, path, source)
+    }
+
+    /// Whether this is a shortage of disk space or quota (a transient
+    /// error: see [`StorageError::is_transient`]).
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(self, StorageError::Unavailable { source, .. } if is_out_of_space(source))
+    }
+
     /// Whether the caller may wait this error out and try again: only
     /// [`StorageError::Unavailable`], which changed nothing. A failed write
     /// or sync of the log never is (the log poisons itself after one).
@@ -258,7 +280,7 @@ fn is_out_of_descriptors(error: &std::io::Error) -> bool {
 }
 
 /// ENOSPC or EDQUOT: no space or quota left on the file system.
-fn is_out_of_space(error: &std::io::Error) -> bool {
+pub(crate) fn is_out_of_space(error: &std::io::Error) -> bool {
     matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
 }
 

@@ -80,6 +80,8 @@ struct State {
     /// Creates still to fail, and the OS error they fail with.
     failing_creates: u64,
     failing_create_errno: i32,
+    failing_appends: u64,
+    failing_append_errno: i32,
     units_used: u64,
     sync_ticks: u64,
     /// Positioned reads done, through readers and the disk itself.
@@ -186,6 +188,8 @@ impl SimDisk {
                 failing_syncs: 0,
                 failing_creates: 0,
                 failing_create_errno: 0,
+                failing_appends: 0,
+                failing_append_errno: 0,
                 units_used: 0,
                 sync_ticks: 0,
                 reads: 0,
@@ -225,6 +229,15 @@ impl SimDisk {
         let mut s = self.lock();
         s.failing_creates = count;
         s.failing_create_errno = errno;
+    }
+
+    /// Makes the next `count` appends fail with the OS error `errno` (such
+    /// as ENOSPC) without writing anything, as a real file's failed append
+    /// ends (see [`crate::disk::DiskFile::append`]); the disk stays on.
+    pub fn fail_next_appends(&self, count: u64, errno: i32) {
+        let mut s = self.lock();
+        s.failing_appends = count;
+        s.failing_append_errno = errno;
     }
 
     /// Makes the next `count` syncs (of files or directories) fail with an
@@ -377,6 +390,10 @@ impl DiskFile for SimFile {
         s.check_on()?;
         if s.generation != self.generation {
             return Err(io::Error::other("file handle from before a crash"));
+        }
+        if s.failing_appends > 0 {
+            s.failing_appends -= 1;
+            return Err(io::Error::from_raw_os_error(s.failing_append_errno));
         }
         let (n, cut) = match s.fault_budget {
             Some(budget) if budget < data.len() as u64 => (budget as usize, true),

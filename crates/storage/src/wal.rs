@@ -314,8 +314,14 @@ impl<D: Disk> PendingSync<D> {
         }
         // Only now is the claim true. It is not synced (that would be a
         // second fdatasync per batch): if a crash loses it, recovery just
-        // knows less, never more, than what was durable.
-        self.progress.file.append(&self.progress.record)?;
+        // knows less, never more, than what was durable. For the same
+        // reason a claim that finds no space is left out (the failed
+        // append left the file as it was).
+        if let Err(error) = self.progress.file.append(&self.progress.record) {
+            if !crate::error::is_out_of_space(&error) {
+                return Err(error);
+            }
+        }
         if self.progress.durable {
             self.progress.file.sync_data()?;
         }
@@ -900,7 +906,13 @@ impl<D: Disk> Wal<D> {
             return Ok(());
         }
         if let Err(e) = self.current.file.append(&self.current.buffer) {
-            let err = StorageError::io("write segment", &self.current.path, e);
+            let err = StorageError::appending("write segment", &self.current.path, e);
+            if err.is_transient() {
+                // Out of space: the segment is as it was and the buffer
+                // still holds every record, so nothing is lost; the next
+                // flush (at the next sync) tries again.
+                return Err(err);
+            }
             return self.poison(err);
         }
         self.current.flushed_len += self.current.buffer.len() as u64;
@@ -910,13 +922,29 @@ impl<D: Disk> Wal<D> {
 
     fn flush_if_full(&mut self) -> Result<()> {
         if self.current.buffer.len() >= self.options.write_buffer_bytes_max {
-            self.flush()?;
+            match self.flush() {
+                // The records stay buffered (the caller's record with
+                // them) and the next sync flushes them or reports it.
+                Err(err) if err.is_transient() => {}
+                outcome => outcome?,
+            }
         }
         Ok(())
     }
 
     fn rotate(&mut self) -> Result<()> {
-        self.flush()?;
+        if let Err(err) = self.flush() {
+            if !err.is_transient() {
+                return Err(err);
+            }
+            // Out of space: write on in the current segment and rotate
+            // once it has grown by a step (as when the next segment
+            // cannot be created).
+            let step_bytes = (self.options.segment_size_bytes_max / 16).max(1);
+            self.rotation_retry_at_bytes = self.current.len().saturating_add(step_bytes);
+            self.rotation_deferred = Some(err);
+            return Ok(());
+        }
         // Seal the old segment before the next one exists: then only the
         // last segment can ever have a torn tail, and damage anywhere else
         // is corruption. One extra sync per segment is cheap.

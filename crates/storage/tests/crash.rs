@@ -536,6 +536,20 @@ fn an_io_error_on_sync_poisons_the_log_and_nothing_unsynced_is_reported() {
     assert_eq!(report.groups[&1].entries, vec![entry(1, 1, 1)]);
 }
 
+/// Persist request `seq` of one entry at index `seq`, its command
+/// `size_bytes` bytes of `seq`.
+fn filled_request(seq: u64, size_bytes: usize) -> PersistRequest {
+    PersistRequest {
+        seq,
+        hard_state: None,
+        entries: vec![ferry_raft::Entry {
+            term: 1,
+            index: seq,
+            payload: ferry_raft::EntryPayload::Command(vec![seq as u8; size_bytes].into()),
+        }],
+    }
+}
+
 #[test]
 fn a_segment_that_cannot_be_created_for_lack_of_descriptors_or_space_is_waited_out() {
     // EMFILE (24) and ENOSPC (28), as Linux and every BSD number them.
@@ -546,15 +560,7 @@ fn a_segment_that_cannot_be_created_for_lack_of_descriptors_or_space_is_waited_o
             ..WalOptions::default()
         };
         let (mut s, _) = Storage::open(disk.clone(), &dir(), options.clone()).unwrap();
-        let req = |seq: u64| PersistRequest {
-            seq,
-            hard_state: None,
-            entries: vec![ferry_raft::Entry {
-                term: 1,
-                index: seq,
-                payload: ferry_raft::EntryPayload::Command(vec![seq as u8; 500].into()),
-            }],
-        };
+        let req = |seq: u64| filled_request(seq, 500);
         let segments = s.wal.segment_count();
         // Every create fails for a while: the log writes on in its segment,
         // well past the segment size, and every sync succeeds.
@@ -585,6 +591,91 @@ fn a_segment_that_cannot_be_created_for_lack_of_descriptors_or_space_is_waited_o
         assert_eq!(entries.len(), 60);
         assert_eq!(entries.last().map(|e| e.index), Some(60));
     }
+}
+
+#[test]
+fn appends_that_find_the_disk_full_are_held_and_written_once_there_is_room() {
+    // ENOSPC (28) and EDQUOT (122), as Linux numbers them.
+    for (seed, errno) in [(6u64, 28), (7, 122)] {
+        let disk = SimDisk::with_seed(seed);
+        let options = WalOptions {
+            segment_size_bytes_max: 4096,
+            write_buffer_bytes_max: 1024,
+            ..WalOptions::default()
+        };
+        let (mut s, _) = Storage::open(disk.clone(), &dir(), options.clone()).unwrap();
+        let req = |seq: u64| filled_request(seq, 700);
+        for seq in 1..=5 {
+            s.wal.append(1, &req(seq)).unwrap();
+        }
+        assert_eq!(s.wal.sync().unwrap()[&1], 5);
+        // The disk is full for a while: appends are taken (their records
+        // are held, buffered flushes and rotations wait), and every sync
+        // says it cannot write yet, changing nothing.
+        disk.fail_next_appends(u64::MAX, errno);
+        for seq in 6..=20 {
+            s.wal.append(1, &req(seq)).unwrap();
+            let error = s.wal.sync().unwrap_err();
+            assert!(error.is_transient(), "{error}");
+        }
+        // Room again: the next sync writes everything held, in order.
+        disk.fail_next_appends(0, errno);
+        assert_eq!(s.wal.sync().unwrap()[&1], 20);
+        for seq in 21..=40 {
+            s.wal.append(1, &req(seq)).unwrap();
+            s.wal.sync().unwrap();
+        }
+        assert!(s.wal.segment_count() > 1, "rotations resumed");
+        drop(s);
+        disk.crash(CrashMode::LoseUnsynced);
+        let (_, report) = Storage::open(disk.clone(), &dir(), options).unwrap();
+        let entries = &report.groups[&1].entries;
+        assert_eq!(entries.len(), 40);
+        for (i, entry) in entries.iter().enumerate() {
+            assert_eq!(entry.index, i as u64 + 1);
+            assert_eq!(
+                entry.payload,
+                ferry_raft::EntryPayload::Command(vec![entry.index as u8; 700].into())
+            );
+        }
+    }
+}
+
+#[test]
+fn a_crash_while_the_disk_is_full_keeps_every_acknowledged_append() {
+    let disk = SimDisk::with_seed(8);
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), WalOptions::default()).unwrap();
+    for seq in 1..=3 {
+        s.wal
+            .append(
+                1,
+                &PersistRequest {
+                    seq,
+                    hard_state: None,
+                    entries: vec![entry(seq, 1, 1)],
+                },
+            )
+            .unwrap();
+    }
+    s.wal.sync().unwrap();
+    disk.fail_next_appends(u64::MAX, 28);
+    s.wal
+        .append(
+            1,
+            &PersistRequest {
+                seq: 4,
+                hard_state: None,
+                entries: vec![entry(4, 1, 1)],
+            },
+        )
+        .unwrap();
+    assert!(s.wal.sync().unwrap_err().is_transient());
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    disk.fail_next_appends(0, 28);
+    let (_, report) = Storage::open(disk.clone(), &dir(), WalOptions::default()).unwrap();
+    let indexes: Vec<u64> = report.groups[&1].entries.iter().map(|e| e.index).collect();
+    assert_eq!(indexes, vec![1, 2, 3]);
 }
 
 #[test]

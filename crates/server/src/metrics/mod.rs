@@ -316,8 +316,11 @@ impl health::Probe for NodeMetrics {
     }
 
     fn alarms(&self) -> Vec<AlarmType> {
-        // ferry raises no alarms yet (the Alarm call lists none).
-        Vec::new()
+        let alarms = self.backend.state().lock().kv().alarms();
+        alarms
+            .iter()
+            .filter_map(|alarm| AlarmType::try_from(alarm.alarm).ok())
+            .collect()
     }
 
     /// A read barrier, given up at once when this member stops knowing a

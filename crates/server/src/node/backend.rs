@@ -8,7 +8,7 @@ use ferry_raft::{MembershipChange, NodeId, ReadConsistency, RequestError};
 use ferry_runtime::{GroupError, GroupHandle, NodeHost};
 
 use super::config::NodeConfig;
-use super::machine::KvMachine;
+use super::machine::{KvMachine, StoreHome};
 use crate::backend::{Backend, NodeStatus};
 use crate::command::encode_command;
 use crate::error::ApiError;
@@ -37,6 +37,8 @@ pub struct RaftBackend {
     config: NodeConfig,
     clock_origin: Instant,
     member_add_lock: tokio::sync::Mutex<()>,
+    /// Where the key-value state lives on disk (`None`: in memory).
+    home: Option<Arc<StoreHome>>,
 }
 
 impl std::fmt::Debug for RaftBackend {
@@ -54,6 +56,7 @@ impl RaftBackend {
         host: NodeHost,
         config: NodeConfig,
         clock_origin: Instant,
+        home: Option<Arc<StoreHome>>,
     ) -> RaftBackend {
         RaftBackend {
             state,
@@ -62,6 +65,7 @@ impl RaftBackend {
             config,
             clock_origin,
             member_add_lock: tokio::sync::Mutex::new(()),
+            home,
         }
     }
 
@@ -357,6 +361,18 @@ impl Backend for RaftBackend {
             return Err(ApiError::MemberNotFound);
         }
         self.change_membership(MembershipChange::Remove(id)).await
+    }
+
+    async fn defragment(&self) -> crate::backend::Defragmented {
+        let Some(home) = &self.home else {
+            return crate::backend::Defragmented::NothingToDo;
+        };
+        let size_bytes_before = self.state.lock().kv().store().size_bytes();
+        home.defragment(self.state.clone()).await;
+        crate::backend::Defragmented::Merged {
+            size_bytes_before,
+            size_bytes_after: self.state.lock().kv().store().size_bytes(),
+        }
     }
 
     async fn member_update(

@@ -111,6 +111,10 @@ pub struct NodeConfig {
     pub peer_buffered_bytes_max: usize,
     /// The size a log segment grows to before the next one is started.
     pub wal_segment_size_bytes_max: u64,
+    /// Free bytes on the data directory's file system below which this
+    /// member raises the cluster's NOSPACE alarm (0: never), so that the
+    /// disk does not fill under the log.
+    pub disk_reserve_bytes: u64,
     /// Where to serve metrics and health over HTTP (`--listen-metrics`);
     /// none by default.
     pub metrics_listen: Vec<SocketAddr>,
@@ -161,11 +165,16 @@ impl NodeConfig {
             peer_read_timeout: Duration::from_secs(30),
             peer_buffered_bytes_max: 256 << 20,
             wal_segment_size_bytes_max: 64 << 20,
+            disk_reserve_bytes: DISK_RESERVE_BYTES_DEFAULT,
             metrics_listen: Vec::new(),
             metrics_options: MetricsOptions::default(),
         }
     }
 }
+
+/// Default of [`NodeConfig::disk_reserve_bytes`]: room for the store's
+/// flush of a full memtable twice over, and more.
+pub const DISK_RESERVE_BYTES_DEFAULT: u64 = 128 << 20;
 
 /// Entries between snapshots of a state kept in memory: each encodes the
 /// whole state, so they are kept frequent enough that the log behind one

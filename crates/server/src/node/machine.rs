@@ -63,6 +63,9 @@ pub(crate) struct StoreHome {
     job_slot: RwLock<()>,
     /// The applied index of the last checkpoint.
     checkpointed: Mutex<u64>,
+    /// Whether the last job of the store failed for want of disk space
+    /// (the node raises NOSPACE on it, see the housekeeping).
+    out_of_space: AtomicBool,
     /// Entries applied since the last checkpoint past which one is taken
     /// however little was written (`--snapshot-count`: the log behind it
     /// can then be compacted).
@@ -70,6 +73,12 @@ pub(crate) struct StoreHome {
 }
 
 const CURRENT_FILE: &str = "CURRENT";
+
+/// How often a defragment looks whether its merge has finished.
+const DEFRAGMENT_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Polls of a defragment between two restarts of the store's job lanes.
+const DEFRAGMENT_RETRY_POLLS: u64 = 50;
 
 /// The key-value state's directory inside a data directory.
 pub const KV_DIR: &str = "kv";
@@ -116,6 +125,7 @@ impl StoreHome {
                 merging: AtomicBool::new(false),
                 job_slot: RwLock::new(()),
                 checkpointed: Mutex::new(applied),
+                out_of_space: AtomicBool::new(false),
                 checkpoint_entries: checkpoint_entries.max(1),
             },
             kv,
@@ -142,6 +152,37 @@ impl StoreHome {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = generation;
         Ok(())
+    }
+
+    /// Merges the whole store into one run (Defragment): every version
+    /// compaction removed is dropped from disk and the space given back.
+    /// Resolves once that merge has finished; a merge running already
+    /// finishes first.
+    pub(crate) async fn defragment(self: &Arc<Self>, state: Arc<SharedState>) {
+        let ticket = {
+            let mut locked = state.lock();
+            let mut checkpointed = self.checkpointed.lock().unwrap_or_else(|p| p.into_inner());
+            *checkpointed = locked.kv().applied_index();
+            locked.request_full_merge()
+        };
+        self.run_jobs(state.clone());
+        let mut poll = tokio::time::interval(DEFRAGMENT_POLL_INTERVAL);
+        for polls in 1u64.. {
+            poll.tick().await;
+            if state.lock().kv().store().full_merge_done(ticket) {
+                return;
+            }
+            // Lanes that stopped after a failed job are started again now
+            // and then (they try the job again).
+            if polls % DEFRAGMENT_RETRY_POLLS == 0 {
+                self.run_jobs(state.clone());
+            }
+        }
+    }
+
+    /// Whether the store's last job failed for want of disk space.
+    pub(crate) fn out_of_space(&self) -> bool {
+        self.out_of_space.load(Ordering::Acquire)
     }
 
     fn lane_running(&self, lane: JobLane) -> &AtomicBool {
@@ -196,6 +237,10 @@ impl StoreHome {
                 };
                 let started = Instant::now();
                 let done = job.run();
+                home.out_of_space.store(
+                    done.as_ref().err().is_some_and(|e| e.is_out_of_space()),
+                    Ordering::Release,
+                );
                 let write = state.lock().finish_store_job(lane, done);
                 // The manifest is written without the state's lock: applies
                 // go on meanwhile.
@@ -261,8 +306,8 @@ impl KvMachine {
     }
 
     /// The machine over a state kept on disk in `home`.
-    pub(crate) fn on_disk(mut self, home: StoreHome) -> KvMachine {
-        self.home = Some(Arc::new(home));
+    pub(crate) fn on_disk(mut self, home: Arc<StoreHome>) -> KvMachine {
+        self.home = Some(home);
         self
     }
 

@@ -17,6 +17,7 @@
 
 mod backend;
 mod config;
+mod disk_space;
 mod machine;
 mod start;
 

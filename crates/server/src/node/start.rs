@@ -26,6 +26,8 @@ use crate::connections::{bind_listener, open_files_limit, split_descriptors, Con
 use crate::kv_state::KvState;
 use crate::member_id::Hex;
 use crate::metrics::{serve_metrics, MetricsListener, NodeMetrics};
+use crate::pb::etcdserverpb::alarm_request::AlarmAction;
+use crate::pb::etcdserverpb::{AlarmRequest, AlarmType};
 use crate::state::{SharedState, StateMachine};
 use crate::tls::{ReloadableTls, TlsError, ALPN_H2};
 
@@ -249,7 +251,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
             config.snapshot_entries(),
         )
         .map_err(StartError::KvStore)?;
-        (Some(home), kv)
+        (Some(Arc::new(home)), kv)
     } else {
         // A state kept on disk is not in the snapshots an in-memory start
         // would restore from: starting so would serve an empty or old store.
@@ -276,7 +278,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         clock_origin,
         events_tx,
     );
-    let machine = match home {
+    let machine = match home.clone() {
         Some(home) => machine.on_disk(home),
         None => machine,
     };
@@ -335,6 +337,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         host.clone(),
         config.clone(),
         clock_origin,
+        home.clone(),
     ));
     let (shutdown, shutdown_rx) = watch::channel(false);
 
@@ -376,6 +379,8 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         self_publish_tick: 0,
         retiring: BTreeMap::new(),
         dialed_at: BTreeMap::new(),
+        disk_low: false,
+        home,
     };
     let housekeeping = tokio::spawn(housekeeping.run(events, shutdown_rx));
     Ok(RunningNode {
@@ -447,7 +452,15 @@ struct Housekeeping {
     /// member whose peer URL was changed (MemberUpdate) is dialed again at
     /// the new one.
     dialed_at: BTreeMap<NodeId, String>,
+    /// Whether the data directory's free space was below the reserve at
+    /// the last look (to log the crossing once each way).
+    disk_low: bool,
+    /// Where the key-value state lives on disk (`None`: in memory).
+    home: Option<Arc<StoreHome>>,
 }
+
+/// Ticks between two looks at the data directory's free space.
+const DISK_SPACE_CHECK_TICKS: u64 = 10;
 
 impl Housekeeping {
     async fn run(
@@ -489,6 +502,64 @@ impl Housekeeping {
         self.drop_retired_links();
         self.expire_leases();
         self.publish_self();
+        if self.ticks % DISK_SPACE_CHECK_TICKS == 0 {
+            self.watch_disk_space();
+        }
+    }
+
+    /// Raises this member's NOSPACE alarm when the data directory's free
+    /// space falls below the reserve (see [`super::disk_space`]) or the
+    /// log or the store found the disk full, and again on a later look
+    /// while that lasts and the alarm is not raised (a disarm before space
+    /// came back). An operator clears it
+    /// with `etcdctl alarm disarm` once there is room again, as for the
+    /// quota.
+    fn watch_disk_space(&mut self) {
+        let reserve = self.config.disk_reserve_bytes;
+        let available = if reserve == 0 {
+            u64::MAX
+        } else {
+            match super::disk_space::available_bytes(&self.config.data_dir) {
+                Ok(available) => available,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot read the data directory's free space");
+                    u64::MAX
+                }
+            }
+        };
+        // A log or a store that found its disk full is as low as can be,
+        // whatever the reserve (another process may have filled it).
+        let low = available < reserve
+            || self.host.log_disk_full()
+            || self.home.as_ref().is_some_and(|home| home.out_of_space());
+        if low != self.disk_low {
+            if low {
+                tracing::warn!(
+                    available_bytes = available,
+                    disk_reserve_bytes = reserve,
+                    "the data directory's disk is nearly full: raising the NOSPACE alarm (writes that grow the store are refused until `etcdctl alarm disarm` once there is room)"
+                );
+            } else {
+                tracing::info!(
+                    available_bytes = available,
+                    "the data directory's disk has room again; `etcdctl alarm disarm` lets writes in"
+                );
+            }
+            self.disk_low = low;
+        }
+        let member_id = self.config.node_id;
+        let raised =
+            self.state.lock().kv().alarms().iter().any(|alarm| {
+                alarm.member_id == member_id && alarm.alarm == AlarmType::Nospace as i32
+            });
+        if low && !raised {
+            let raise = crate::command::command(crate::command::CommandKind::Alarm(AlarmRequest {
+                action: AlarmAction::Activate as i32,
+                member_id,
+                alarm: AlarmType::Nospace as i32,
+            }));
+            self.propose_unanswered(crate::command::encode_command(&raise));
+        }
     }
 
     fn now_ms(&self) -> u64 {

@@ -35,16 +35,6 @@ fn random_command(rng: &mut ChaCha8Rng, revision: i64) -> Command {
     }
 }
 
-fn run_store_jobs(state: &mut KvState) {
-    for lane in [JobLane::Flush, JobLane::Merge, JobLane::Flush] {
-        while let Some(job) = state.next_store_job(lane) {
-            let done = job.run();
-            let written = state.finish_store_job(lane, done).unwrap().commit();
-            state.store_manifest_written(written.unwrap());
-        }
-    }
-}
-
 #[test]
 fn a_reopened_state_replays_the_log_from_its_durable_point_to_the_same_state() {
     for seed in 0..12u64 {

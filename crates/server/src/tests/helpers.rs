@@ -177,3 +177,16 @@ impl Machine {
         self.kv.store().revision()
     }
 }
+
+/// Runs every store job due, flushes and merges, to the end (a flush may
+/// make a merge due, and the other way round).
+pub fn run_store_jobs(state: &mut KvState) {
+    use ferry_storage::versions::JobLane;
+    for lane in [JobLane::Flush, JobLane::Merge, JobLane::Flush] {
+        while let Some(job) = state.next_store_job(lane) {
+            let done = job.run();
+            let written = state.finish_store_job(lane, done).unwrap().commit();
+            state.store_manifest_written(written.unwrap());
+        }
+    }
+}

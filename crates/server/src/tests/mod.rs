@@ -1,5 +1,6 @@
 //! Unit tests of the state machine, the MVCC store and the watch hub.
 
+mod alarms;
 mod auth_apply;
 mod auth_tokens;
 mod backups;

@@ -268,6 +268,14 @@ pub struct VersionStore<D: Disk> {
     floor: u64,
     flush_running: bool,
     merge_running: bool,
+    /// Full merges asked for ([`VersionStore::request_full_merge`]), the
+    /// marker the runs must be complete up to before the next one starts,
+    /// the request the merge in flight answers, and the last request
+    /// answered.
+    full_merges_requested: u64,
+    full_merge_after_marker: u64,
+    full_merge_in_flight: Option<u64>,
+    full_merges_done: u64,
     written_bytes: u64,
     /// The runs as the manifest on disk names them, with its marker and
     /// meta: the state at the durable point.
@@ -357,6 +365,10 @@ impl<D: Disk> VersionStore<D> {
                 manifest_seq_written: Arc::new(Mutex::new(0)),
                 flush_running: false,
                 merge_running: false,
+                full_merges_requested: 0,
+                full_merge_after_marker: 0,
+                full_merge_in_flight: None,
+                full_merges_done: 0,
                 written_bytes: 0,
                 durable_view,
             },
@@ -656,7 +668,45 @@ impl<D: Disk> VersionStore<D> {
         }
     }
 
+    /// Asks for every run to be merged into one, dropping every version
+    /// compaction removed and every delete marker below the floor (an
+    /// operator's defragment: the space compaction freed comes back at
+    /// once, not when the merge policy next reaches the oldest run). The
+    /// merge lane does it once the runs are complete up to `after_marker`
+    /// (the caller froze the memtable there, for it to be in the merge; a
+    /// merge in flight finishes first); answers a ticket for
+    /// [`VersionStore::full_merge_done`].
+    pub fn request_full_merge(&mut self, after_marker: u64) -> u64 {
+        self.full_merges_requested = self.full_merges_requested.saturating_add(1);
+        self.full_merge_after_marker = self.full_merge_after_marker.max(after_marker);
+        self.full_merges_requested
+    }
+
+    /// Whether a full merge that started after `ticket` was asked for
+    /// has finished (or there was nothing on disk to merge).
+    pub fn full_merge_done(&self, ticket: u64) -> bool {
+        self.full_merges_done >= ticket
+    }
+
     fn merge_job(&mut self) -> Option<Job<D>> {
+        let flushed = self.flushed_marker >= self.full_merge_after_marker;
+        if self.full_merges_requested > self.full_merges_done && flushed {
+            if self.runs.is_empty() {
+                self.full_merges_done = self.full_merges_requested;
+            } else {
+                self.full_merge_in_flight = Some(self.full_merges_requested);
+                return Some(Job {
+                    disk: self.disk.clone(),
+                    dir: self.dir.clone(),
+                    kind: JobKind::Merge {
+                        sources: self.runs.clone(),
+                    },
+                    output_id: self.take_run_id(),
+                    bottom: true,
+                    floor: self.floor,
+                });
+            }
+        }
         // The longest run of newest runs in which each older run is no
         // larger than `merge_ratio` times the newer ones together.
         let sizes: Vec<u64> = self
@@ -703,7 +753,14 @@ impl<D: Disk> VersionStore<D> {
             JobLane::Flush => self.flush_running = false,
             JobLane::Merge => self.merge_running = false,
         }
+        let full_merge = match lane {
+            JobLane::Merge => self.full_merge_in_flight.take(),
+            JobLane::Flush => None,
+        };
         let done = done?;
+        if let Some(ticket) = full_merge {
+            self.full_merges_done = self.full_merges_done.max(ticket);
+        }
         self.written_bytes = self.written_bytes.saturating_add(done.written_bytes);
         let mut retired = Vec::new();
         // What the store lets go of here is freed in `commit`, off the
