@@ -893,4 +893,63 @@ async fn with_client_cert_auth_the_certificate_common_name_is_the_user() {
     kv.put(put_request("other", "3")).await.unwrap();
     let read = kv.range(range("app/y")).await.unwrap().into_inner();
     assert_eq!(first_value(read.kvs).as_deref(), Some("yes"));
+
+    // The JSON gateway over TLS (HTTP/1.1 by ALPN): the certificate names
+    // the user there too.
+    let (status, body) = gateway_over_tls(
+        &addr,
+        client_config(&ca_file, Some(&reader)),
+        "/v3/kv/range",
+        r#"{"key": "YXBwL3g="}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""value":"MQ==""#), "{body}");
+    let (status, body) = gateway_over_tls(
+        &addr,
+        client_config(&ca_file, Some(&reader)),
+        "/v3/kv/put",
+        r#"{"key": "YXBwL3k=", "value": "bm8="}"#,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("etcdserver: permission denied"), "{body}");
+}
+
+/// One POST to the JSON gateway at `addr` over TLS, asking for HTTP/1.1
+/// alone by ALPN; answers the status and the body.
+async fn gateway_over_tls(
+    addr: &str,
+    client: Arc<rustls::ClientConfig>,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    let mut config = (*client).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ferry_server::tls::server_name(addr).unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    // The server may end the TLS session without close_notify after the
+    // answer; what was read is what counts.
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -26,6 +26,11 @@ pub use ferry_runtime::tls::*;
 /// The protocol gRPC speaks, offered by ALPN (newer gRPC clients insist).
 pub const ALPN_H2: &[u8] = b"h2";
 
+/// HTTP/1.1, offered by ALPN on the client ports after h2: the JSON
+/// gateway's (a client that offers both gets h2, so over TLS a gateway
+/// client asks for HTTP/1.1 alone, as `curl --http1.1` does).
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
+
 /// What a request learns about the connection it came on.
 #[derive(Clone, Debug, Default)]
 pub struct ClientConnectInfo {

@@ -29,7 +29,7 @@ use crate::metrics::{serve_metrics, MetricsListener, NodeMetrics};
 use crate::pb::etcdserverpb::alarm_request::AlarmAction;
 use crate::pb::etcdserverpb::{AlarmRequest, AlarmType};
 use crate::state::{SharedState, StateMachine};
-use crate::tls::{ReloadableTls, TlsError, ALPN_H2};
+use crate::tls::{ReloadableTls, TlsError, ALPN_H2, ALPN_HTTP1};
 
 /// The one Raft group of the key-value store.
 pub const KV_GROUP: GroupId = 1;
@@ -229,7 +229,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
     let client_tls = config
         .client_tls
         .clone()
-        .map(|files| ReloadableTls::load("client", files, &[ALPN_H2]))
+        .map(|files| ReloadableTls::load("client", files, &[ALPN_H2, ALPN_HTTP1]))
         .transpose()
         .map_err(|source| StartError::Tls {
             side: "client",
