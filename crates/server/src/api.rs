@@ -29,7 +29,8 @@ use crate::auth_token::{Issued, TokenConfig, Tokens, SIMPLE_TOKEN_TTL_DEFAULT, T
 use crate::authority::AuthorityRepair;
 use crate::backend::{Backend, Defragmented, NodeStatus};
 use crate::command::{
-    command, encoded_command_len, CommandKind, LeaseGrantCommand, LeaseRevokeCommand,
+    command, encoded_command_len, raise_no_space, CommandKind, LeaseGrantCommand,
+    LeaseRevokeCommand,
 };
 use crate::connections::{
     ClientConnection, ClientProtocol, ClientTimeouts, ConnectionGate, ConnectionLimits,
@@ -641,14 +642,16 @@ impl<B: Backend> EtcdApi<B> {
             if let Some(CommandKind::Txn(txn)) = &command.kind {
                 kv.admit_txn_response(txn)?;
             }
-            if grows_store(&command) && kv.out_of_space() {
+            if !grows_store(&command) {
+                None
+            } else if kv.out_of_space() {
                 return Err(KvError::NoSpace.into());
+            } else {
+                let size_bytes = kv.store().size_bytes();
+                let cost = encoded_command_len(&command) as u64;
+                (size_bytes.saturating_add(cost) > self.options.quota_backend_bytes)
+                    .then_some(size_bytes)
             }
-            let size_bytes = kv.store().size_bytes();
-            let cost = encoded_command_len(&command) as u64;
-            (grows_store(&command)
-                && size_bytes.saturating_add(cost) > self.options.quota_backend_bytes)
-                .then_some(size_bytes)
         };
         if let Some(size_bytes) = over_quota {
             self.raise_no_space(size_bytes).await;
@@ -668,12 +671,7 @@ impl<B: Backend> EtcdApi<B> {
             quota_backend_bytes = self.options.quota_backend_bytes,
             "the store is at its quota: raising the NOSPACE alarm"
         );
-        let raise = command(CommandKind::Alarm(pb::AlarmRequest {
-            action: pb::alarm_request::AlarmAction::Activate as i32,
-            member_id,
-            alarm: pb::AlarmType::Nospace as i32,
-        }));
-        if let Err(error) = self.backend.propose(raise).await {
+        if let Err(error) = self.backend.propose(raise_no_space(member_id)).await {
             tracing::warn!(%error, "raising the NOSPACE alarm failed");
         }
     }

@@ -25,6 +25,32 @@ pub fn command(kind: CommandKind) -> Command {
     }
 }
 
+/// Raises member `member_id`'s NOSPACE alarm (its store is at its quota,
+/// or its disk is full).
+pub fn raise_no_space(member_id: u64) -> Command {
+    use crate::pb::etcdserverpb::{alarm_request::AlarmAction, AlarmRequest, AlarmType};
+    command(CommandKind::Alarm(AlarmRequest {
+        action: AlarmAction::Activate as i32,
+        member_id,
+        alarm: AlarmType::Nospace as i32,
+    }))
+}
+
+/// Records where member `id` can be reached at its peer address
+/// `peer_addr` (name and client URL left as they are): `create` for a new
+/// member (MemberAdd), not for a change (MemberUpdate).
+pub fn peer_record(id: u64, peer_addr: String, create: bool) -> Command {
+    command(CommandKind::MemberRecord(
+        crate::pb::ferrypb::MemberRecordCommand {
+            id,
+            name: String::new(),
+            peer_addr,
+            client_url: String::new(),
+            create,
+        },
+    ))
+}
+
 /// Encodes a command for the Raft log.
 pub fn encode_command(command: &Command) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(1 + command.encoded_len());

@@ -358,6 +358,12 @@ impl KvState {
             .collect()
     }
 
+    /// Whether member `member_id` has raised a NOSPACE alarm.
+    pub fn no_space_raised_by(&self, member_id: u64) -> bool {
+        self.alarms
+            .contains(&(member_id, AlarmType::Nospace as i32))
+    }
+
     /// Whether a NOSPACE alarm is raised (by any member): writes that grow
     /// the store are refused on every replica then.
     pub fn out_of_space(&self) -> bool {

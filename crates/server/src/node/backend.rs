@@ -324,18 +324,10 @@ impl Backend for RaftBackend {
             + 1;
         // The addresses first, so that every node can dial the new member
         // as soon as the configuration names it.
-        let record = crate::command::command(crate::command::CommandKind::MemberRecord(
-            crate::pb::ferrypb::MemberRecordCommand {
-                id,
-                // Name and client URL are published by the member when it
-                // starts; until then it lists as unstarted, as in etcd.
-                name: String::new(),
-                peer_addr,
-                client_url: String::new(),
-                create: true,
-            },
-        ));
-        self.propose(record).await?;
+        // Name and client URL are published by the member when it starts;
+        // until then it lists as unstarted, as in etcd.
+        self.propose(crate::command::peer_record(id, peer_addr, true))
+            .await?;
         let change = if is_learner {
             MembershipChange::AddLearner(id)
         } else {
@@ -393,16 +385,8 @@ impl Backend for RaftBackend {
         }
         // Replicated as the member's record: every member dials it at the
         // new address once it has applied it.
-        let record = crate::command::command(crate::command::CommandKind::MemberRecord(
-            crate::pb::ferrypb::MemberRecordCommand {
-                id,
-                name: String::new(),
-                peer_addr,
-                client_url: String::new(),
-                create: false,
-            },
-        ));
-        self.propose(record).await?;
+        self.propose(crate::command::peer_record(id, peer_addr, false))
+            .await?;
         Ok(self.members())
     }
 

@@ -26,8 +26,6 @@ use crate::connections::{bind_listener, open_files_limit, split_descriptors, Con
 use crate::kv_state::KvState;
 use crate::member_id::Hex;
 use crate::metrics::{serve_metrics, MetricsListener, NodeMetrics};
-use crate::pb::etcdserverpb::alarm_request::AlarmAction;
-use crate::pb::etcdserverpb::{AlarmRequest, AlarmType};
 use crate::state::{SharedState, StateMachine};
 use crate::tls::{ReloadableTls, TlsError, ALPN_H2, ALPN_HTTP1};
 
@@ -548,16 +546,8 @@ impl Housekeeping {
             self.disk_low = low;
         }
         let member_id = self.config.node_id;
-        let raised =
-            self.state.lock().kv().alarms().iter().any(|alarm| {
-                alarm.member_id == member_id && alarm.alarm == AlarmType::Nospace as i32
-            });
-        if low && !raised {
-            let raise = crate::command::command(crate::command::CommandKind::Alarm(AlarmRequest {
-                action: AlarmAction::Activate as i32,
-                member_id,
-                alarm: AlarmType::Nospace as i32,
-            }));
+        if low && !self.state.lock().kv().no_space_raised_by(member_id) {
+            let raise = crate::command::raise_no_space(member_id);
             self.propose_unanswered(crate::command::encode_command(&raise));
         }
     }

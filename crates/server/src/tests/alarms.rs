@@ -22,7 +22,7 @@ fn alarm_cmd(action: AlarmAction, member_id: u64, alarm: AlarmType) -> Command {
 }
 
 fn raise(member_id: u64) -> Command {
-    alarm_cmd(AlarmAction::Activate, member_id, AlarmType::Nospace)
+    crate::command::raise_no_space(member_id)
 }
 
 fn clear(member_id: u64) -> Command {
