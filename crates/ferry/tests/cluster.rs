@@ -857,9 +857,16 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -
     };
 
     // Client traffic to the lagging follower from the moment it is up.
+    // Until it has installed the snapshot the follower cannot apply what
+    // it forwards or serve a read index, so on a slow or loaded machine a
+    // request sent then may meet the request timeout ("request timed
+    // out", which etcd clients retry). Such a request is sent again and
+    // its sending time kept: each must fall before the catch-up, and
+    // every answer given must be right.
     let mut follower =
         KvClient::new(connect(&cluster, lagging).await).max_decoding_message_size(8 << 20);
     let mut sent_at = Vec::new();
+    let mut timed_out_at = Vec::new();
     let mut j = 0usize;
     while caught_up_at.lock().unwrap().is_none() || sent_at.len() < 40 {
         assert!(
@@ -868,55 +875,41 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -
             cluster.log()
         );
         let key = format!("small/{j}");
-        sent_at.push(Instant::now());
-        follower
-            .put(PutRequest {
-                key: key.clone().into_bytes(),
-                value: j.to_string().into_bytes(),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|status| {
-                panic!(
-                    "put {key} via the lagging follower: {status}\n{}",
-                    cluster.log()
-                )
-            });
-        sent_at.push(Instant::now());
-        let read = follower
-            .range(RangeRequest {
+        let put = PutRequest {
+            key: key.clone().into_bytes(),
+            value: j.to_string().into_bytes(),
+            ..Default::default()
+        };
+        answered_by_follower(&cluster, &mut sent_at, &mut timed_out_at, &key, || {
+            let (mut client, put) = (follower.clone(), put.clone());
+            async move { client.put(put).await.map(|_| ()) }
+        })
+        .await;
+        let read = answered_by_follower(&cluster, &mut sent_at, &mut timed_out_at, &key, || {
+            let mut client = follower.clone();
+            let request = RangeRequest {
                 key: key.clone().into_bytes(),
                 ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|status| {
-                panic!(
-                    "get {key} via the lagging follower: {status}\n{}",
-                    cluster.log()
-                )
-            })
-            .into_inner();
+            };
+            async move { client.range(request).await.map(|r| r.into_inner()) }
+        })
+        .await;
         assert_eq!(read.kvs.len(), 1, "linearizable get {key} after its put");
         assert_eq!(read.kvs[0].value, j.to_string().into_bytes());
-        let big = j % BIG_VALUES;
-        sent_at.push(Instant::now());
-        let read = follower
-            .range(RangeRequest {
-                key: format!("big/{big:04}").into_bytes(),
+        let big = format!("big/{:04}", j % BIG_VALUES);
+        let read = answered_by_follower(&cluster, &mut sent_at, &mut timed_out_at, &big, || {
+            let mut client = follower.clone();
+            let request = RangeRequest {
+                key: big.clone().into_bytes(),
                 ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|status| {
-                panic!(
-                    "get big/{big:04} via the lagging follower: {status}\n{}",
-                    cluster.log()
-                )
-            })
-            .into_inner();
-        assert_eq!(read.kvs.len(), 1, "linearizable get big/{big:04}");
+            };
+            async move { client.range(request).await.map(|r| r.into_inner()) }
+        })
+        .await;
+        assert_eq!(read.kvs.len(), 1, "linearizable get {big}");
         assert!(
-            read.kvs[0].value == big_value(big, BIG_VALUE_BYTES),
-            "the value of big/{big:04}"
+            read.kvs[0].value == big_value(j % BIG_VALUES, BIG_VALUE_BYTES),
+            "the value of {big}"
         );
         j += 1;
     }
@@ -924,9 +917,15 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -
     let caught_up_at = caught_up_at.lock().unwrap().unwrap();
     let sent_while_catching_up = sent_at.iter().filter(|at| **at < caught_up_at).count();
     eprintln!(
-        "big snapshot: {} requests answered right, {sent_while_catching_up} of them sent while the follower was catching up; caught up {:?} after its restart",
-        sent_at.len(),
+        "big snapshot: {} requests answered right, {sent_while_catching_up} of them sent while the follower was catching up, {} timed out and sent again; caught up {:?} after its restart",
+        sent_at.len() - timed_out_at.len(),
+        timed_out_at.len(),
         caught_up_at - started
+    );
+    assert!(
+        timed_out_at.iter().all(|at| *at < caught_up_at),
+        "a request sent after the follower caught up timed out\n{}",
+        cluster.log()
     );
     assert!(
         sent_while_catching_up >= 1,
@@ -952,6 +951,37 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -
         assert!(local.kvs.len() == 1 && local.kvs[0].value == big_value(i, BIG_VALUE_BYTES));
     }
     proc_status_kib(cluster.pid(lagging), "VmHWM")
+}
+
+/// Sends a request to the lagging follower of
+/// `a_follower_receives_a_large_snapshot` until it is answered: a time-out
+/// is noted in `timed_out_at` (when the attempt was sent) and the request
+/// sent again; any other error fails the test.
+async fn answered_by_follower<T, F, Fut>(
+    cluster: &Cluster,
+    sent_at: &mut Vec<Instant>,
+    timed_out_at: &mut Vec<Instant>,
+    what: &str,
+    mut call: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    loop {
+        let sent = Instant::now();
+        sent_at.push(sent);
+        match call().await {
+            Ok(answer) => return answer,
+            Err(status) if status.message() == "etcdserver: request timed out" => {
+                timed_out_at.push(sent);
+            }
+            Err(status) => panic!(
+                "{what} via the lagging follower: {status}\n{}",
+                cluster.log()
+            ),
+        }
+    }
 }
 
 /// The member list as node `id` reports it.
