@@ -180,6 +180,11 @@ impl NodeMetrics {
             ConstGauge::new(as_i64(store.frozen_layers as u64)),
         );
         r.register(
+            "ferry_kv_store_layers",
+            "Layers of run files of the key-value store (a read looks into one run of each at most)",
+            ConstGauge::new(as_i64(store.layers as u64)),
+        );
+        r.register(
             "ferry_kv_store_runs",
             "Run files of the key-value store",
             ConstGauge::new(as_i64(store.runs as u64)),

@@ -3,9 +3,14 @@
 //!
 //! ```text
 //! magic u64 | format u32 | marker u64 | floor u64 | next_run_id u64
-//! | meta (u32 len + bytes) | count u32 | (run_id u64, records u64,
-//!   min_version u64, max_version u64, file_bytes u64)* | crc32c
+//! | meta (u32 len + bytes) | count u32 | (layer_id u64, run_id u64,
+//!   records u64, min_version u64, max_version u64, file_bytes u64)*
+//! | crc32c
 //! ```
+//!
+//! Runs are listed newest layer first; the runs of one layer (adjacent
+//! entries with the same layer id) in key order. Format 1 had no layer id:
+//! each run was a layer of its own, and reads so.
 //!
 //! It is replaced whole: written to `MANIFEST.tmp`, synced, renamed over
 //! `MANIFEST`, and the directory synced. A crash leaves either the old
@@ -25,16 +30,21 @@ use crate::error::{DecodeError, Result, StorageError};
 pub const MANIFEST_FILE: &str = "MANIFEST";
 const MANIFEST_TMP_FILE: &str = "MANIFEST.tmp";
 const MAGIC: u64 = u64::from_le_bytes(*b"FERRYMAN");
-const FORMAT: u32 = 1;
+/// Format 2 added the layer id to each run.
+const FORMAT: u32 = 2;
+const FORMAT_WITHOUT_LAYERS: u32 = 1;
 /// Largest caller state kept beside the runs.
 pub const META_BYTES_MAX: u64 = 256 * 1024 * 1024;
 /// Most runs a manifest names.
 pub const RUNS_MAX: u64 = 4096;
-const RUN_ENTRY_BYTES: usize = 5 * 8;
+const RUN_ENTRY_BYTES: usize = 6 * 8;
+const RUN_ENTRY_WITHOUT_LAYER_BYTES: usize = 5 * 8;
 
 /// One run the manifest names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunEntry {
+    /// The layer it belongs to (ids are drawn from the run ids).
+    pub layer: u64,
     /// Its id (the file is `run-<id>.dat`).
     pub id: u64,
     /// What it holds.
@@ -54,7 +64,7 @@ pub struct Manifest {
     pub next_run_id: u64,
     /// The caller's own state at `marker` (small: leases, auth, members).
     pub meta: Bytes,
-    /// The runs, newest first.
+    /// The runs, newest layer first, each layer's in key order.
     pub runs: Vec<RunEntry>,
 }
 
@@ -74,6 +84,7 @@ impl Manifest {
         enc.bytes(&self.meta);
         enc.u32(u32::try_from(self.runs.len()).unwrap_or(u32::MAX));
         for run in &self.runs {
+            enc.u64(run.layer);
             enc.u64(run.id);
             enc.u64(run.summary.records);
             enc.u64(run.summary.min_version);
@@ -106,23 +117,47 @@ impl Manifest {
             if d.u64()? != MAGIC {
                 return Err(DecodeError::Invalid("not a manifest (bad magic)"));
             }
-            if d.u32()? != FORMAT {
-                return Err(DecodeError::Invalid(
-                    "a manifest format this build does not read",
-                ));
-            }
+            let with_layers = match d.u32()? {
+                FORMAT => true,
+                FORMAT_WITHOUT_LAYERS => false,
+                _ => {
+                    return Err(DecodeError::Invalid(
+                        "a manifest format this build does not read",
+                    ))
+                }
+            };
             let marker = d.u64()?;
             let floor = d.u64()?;
             let next_run_id = d.u64()?;
             let meta = d.bytes("manifest meta", META_BYTES_MAX)?;
-            let count = d.count("manifest runs", RUNS_MAX, RUN_ENTRY_BYTES)?;
-            let mut runs = Vec::with_capacity(count);
+            let entry_bytes = if with_layers {
+                RUN_ENTRY_BYTES
+            } else {
+                RUN_ENTRY_WITHOUT_LAYER_BYTES
+            };
+            let count = d.count("manifest runs", RUNS_MAX, entry_bytes)?;
+            let mut runs: Vec<RunEntry> = Vec::with_capacity(count);
             for _ in 0..count {
+                let layer = if with_layers { d.u64()? } else { 0 };
                 let id = d.u64()?;
-                if id >= next_run_id {
-                    return Err(DecodeError::Invalid("a run id at or above the next run id"));
+                let layer = if with_layers { layer } else { id };
+                if id >= next_run_id || layer >= next_run_id {
+                    return Err(DecodeError::Invalid(
+                        "a run or layer id at or above the next run id",
+                    ));
+                }
+                let seen_before = runs
+                    .iter()
+                    .rev()
+                    .skip_while(|r| r.layer == layer)
+                    .any(|r| r.layer == layer);
+                if seen_before || runs.iter().any(|r| r.id == id) {
+                    return Err(DecodeError::Invalid(
+                        "a run named twice, or a layer's runs not adjacent",
+                    ));
                 }
                 runs.push(RunEntry {
+                    layer,
                     id,
                     summary: RunSummary {
                         records: d.u64()?,

@@ -14,21 +14,29 @@
 //! - [`VersionStore::freeze`] turns the memtable into an immutable layer
 //!   and records the caller's **marker** (the log index the layer is
 //!   complete up to) and its small state (`meta`) at that point.
-//! - A **flush** job writes the frozen layers into one sorted **run** file,
-//!   syncs it, and writes a new **manifest** naming it, with the marker:
-//!   one file sync and one manifest replace per flush, off the hot path and
-//!   never per batch. Once the manifest is durable the caller may compact
-//!   its log up to the marker.
-//! - A **merge** job combines adjacent runs when an older run is no larger
-//!   than the newer ones together (so there are O(log size) runs and each
-//!   byte is rewritten O(log size) times), dropping versions shadowed at or
-//!   below the **floor** (the caller's compaction point) and, in a merge
-//!   that reaches the oldest run, tombstones that hide nothing.
+//! - A **flush** job writes the frozen layers into a new **layer** on disk:
+//!   sorted **run** files, synced, and a new **manifest** naming them, with
+//!   the marker: one manifest replace per flush, off the hot path and never
+//!   per batch. Once the manifest is durable the caller may compact its log
+//!   up to the marker.
+//! - A layer on disk is one or more runs whose key ranges do not overlap,
+//!   in key order; a run is cut past
+//!   [`VersionStoreOptions::run_bytes_target`] at a key boundary.
+//! - A **merge** job joins adjacent layers when an older layer is no
+//!   larger than the newer ones together (so there are O(log size) layers),
+//!   dropping versions shadowed at or below the **floor** (the caller's
+//!   compaction point) and, in a merge that reaches the oldest layer,
+//!   tombstones that hide nothing. It rewrites only runs whose key ranges
+//!   overlap another's: a run that overlaps no other run of the merge (and
+//!   is not small) is moved into the new layer as it is, read and written
+//!   not at all. Keys written in order (a bulk fill, time-ordered keys) so
+//!   cost one write each rather than one per merge level.
 //!
 //! Layers partition the version space: every version in a newer layer is
 //! above every version in an older one (versions only grow, and merges
-//! join neighbours), so the newest layer holding any version of a key at
-//! or below a bound holds the answer.
+//! join neighbours), and within a layer a key lies in one run's range at
+//! most, so the newest layer holding any version of a key at or below a
+//! bound holds the answer.
 //!
 //! # Memory
 //!
@@ -74,6 +82,7 @@ pub mod run;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -183,14 +192,30 @@ struct Frozen {
 /// Settings of a version store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VersionStoreOptions {
-    /// A merge joins an older run with the newer ones when it is no larger
-    /// than this many times their total size.
+    /// A merge joins an older layer with the newer ones when it is no
+    /// larger than this many times their total size (0: no merges).
     pub merge_ratio: u64,
+    /// A run a job writes is cut at the first key boundary past this many
+    /// bytes, so that a later merge rewrites only the runs a newer layer
+    /// overlaps, not a whole layer.
+    pub run_bytes_target: u64,
+    /// A run that overlaps no other run of a merge is moved into the new
+    /// layer untouched when it holds at least this many bytes; smaller
+    /// ones are rewritten with their neighbours, so that small flushes do
+    /// not pile up as many small files.
+    pub run_bytes_move_min: u64,
 }
+
+/// [`VersionStoreOptions::run_bytes_target`] by default.
+pub const RUN_BYTES_TARGET: u64 = 64 * 1024 * 1024;
 
 impl Default for VersionStoreOptions {
     fn default() -> Self {
-        VersionStoreOptions { merge_ratio: 1 }
+        VersionStoreOptions {
+            merge_ratio: 1,
+            run_bytes_target: RUN_BYTES_TARGET,
+            run_bytes_move_min: RUN_BYTES_TARGET / 4,
+        }
     }
 }
 
@@ -212,7 +237,9 @@ pub struct StoreStats {
     pub memtable_bytes: usize,
     /// Frozen layers not yet in a run.
     pub frozen_layers: usize,
-    /// Runs on disk.
+    /// Layers on disk.
+    pub layers: usize,
+    /// Runs on disk (run files, in all layers).
     pub runs: usize,
     /// Bytes of run files.
     pub run_file_bytes: u64,
@@ -222,6 +249,9 @@ pub struct StoreStats {
     pub run_index_bytes: usize,
     /// Bytes written to run files and manifests since open.
     pub written_bytes: u64,
+    /// Runs merges moved into a new layer without rewriting them, since
+    /// open.
+    pub runs_moved: u64,
 }
 
 /// A run file the store's shape includes, with its id.
@@ -229,6 +259,37 @@ pub struct StoreStats {
 struct StoredRun<D: Disk> {
     id: u64,
     run: Arc<Run<D>>,
+}
+
+/// The runs of one layer on disk, in key order, their key ranges apart.
+type RunLayer<D> = Arc<[Arc<Run<D>>]>;
+
+/// A layer of the store's shape, with its id.
+#[derive(Debug, Clone)]
+struct StoredLayer<D: Disk> {
+    id: u64,
+    runs: Vec<StoredRun<D>>,
+    /// The same runs, shared with views.
+    handles: RunLayer<D>,
+}
+
+impl<D: Disk> StoredLayer<D> {
+    fn new(id: u64, runs: Vec<StoredRun<D>>) -> StoredLayer<D> {
+        debug_assert!(
+            runs.windows(2)
+                .all(|w| w[0].run.last_key() < w[1].run.first_key()),
+            "a layer's runs are in key order and apart"
+        );
+        let handles = runs.iter().map(|r| r.run.clone()).collect();
+        StoredLayer { id, runs, handles }
+    }
+
+    fn file_bytes(&self) -> u64 {
+        self.runs
+            .iter()
+            .map(|r| r.run.summary().file_bytes)
+            .fold(0, u64::saturating_add)
+    }
 }
 
 /// The two lanes jobs run in, one job at a time in each (see the module
@@ -251,13 +312,14 @@ pub struct VersionStore<D: Disk> {
     /// Newest first.
     frozen: Vec<Frozen>,
     /// Newest first.
-    runs: Vec<StoredRun<D>>,
+    layers: Vec<StoredLayer<D>>,
     /// The marker and meta the runs are complete up to (in memory: a
     /// manifest saying so may not be on disk yet).
     flushed_marker: u64,
     flushed_meta: Bytes,
-    /// The id the next run gets.
-    next_run_id: u64,
+    /// The id the next run (or layer) gets, shared with the jobs in flight,
+    /// which take one per run they write.
+    next_run_id: Arc<AtomicU64>,
     /// The number of the manifest on disk (`durable_view` is its state).
     manifest_seq: u64,
     /// The number the last manifest built got.
@@ -277,12 +339,12 @@ pub struct VersionStore<D: Disk> {
     full_merge_in_flight: Option<u64>,
     full_merges_done: u64,
     written_bytes: u64,
+    runs_moved: u64,
     /// The runs as the manifest on disk names them, with its marker and
     /// meta: the state at the durable point.
     durable_view: StoreView<D>,
 }
 
-/// A layer for reads.
 /// Whether `[start, end)` can hold a key (`BTreeMap::range` panics on an
 /// empty interval).
 fn walkable_from(start: &[u8], end: Bound<&[u8]>) -> bool {
@@ -293,9 +355,16 @@ fn walkable_from(start: &[u8], end: Bound<&[u8]>) -> bool {
     }
 }
 
+/// A layer for reads.
 enum Layer<'a, D: Disk> {
     Mem(&'a Memtable),
-    Run(&'a Arc<Run<D>>),
+    Runs(&'a [Arc<Run<D>>]),
+}
+
+/// The run of a layer on disk whose key range may hold `key`.
+fn run_for_key<'a, D: Disk>(runs: &'a [Arc<Run<D>>], key: &[u8]) -> Option<&'a Arc<Run<D>>> {
+    let i = runs.partition_point(|r| r.last_key() < key);
+    runs.get(i).filter(|r| r.first_key() <= key)
 }
 
 impl<D: Disk> VersionStore<D> {
@@ -307,22 +376,39 @@ impl<D: Disk> VersionStore<D> {
     ) -> Result<(VersionStore<D>, Recovered)> {
         crate::disk::create_dir_durably(&disk, dir)?;
         let manifest = Manifest::read(&disk, dir)?.unwrap_or_default();
-        let mut runs = Vec::with_capacity(manifest.runs.len());
-        for entry in &manifest.runs {
+        let mut layers: Vec<StoredLayer<D>> = Vec::new();
+        let mut runs: Vec<StoredRun<D>> = Vec::new();
+        for (i, entry) in manifest.runs.iter().enumerate() {
             let path = dir.join(run_file_name(entry.id));
             let run = Run::open(&disk, &path)?;
+            let corrupt = |reason: String| StorageError::Corrupt {
+                path: path.clone(),
+                offset: 0,
+                reason,
+            };
             if run.summary() != entry.summary {
-                return Err(StorageError::Corrupt {
-                    path,
-                    offset: 0,
-                    reason: format!(
-                        "the run holds {:?}; the manifest says {:?}",
-                        run.summary(),
-                        entry.summary
-                    ),
-                });
+                return Err(corrupt(format!(
+                    "the run holds {:?}; the manifest says {:?}",
+                    run.summary(),
+                    entry.summary
+                )));
+            }
+            if runs
+                .last()
+                .is_some_and(|before| before.run.last_key() >= run.first_key())
+            {
+                return Err(corrupt(
+                    "the run's key range overlaps the one before it in its layer".to_string(),
+                ));
             }
             runs.push(StoredRun { id: entry.id, run });
+            let layer_ends = manifest
+                .runs
+                .get(i + 1)
+                .is_none_or(|next| next.layer != entry.layer);
+            if layer_ends {
+                layers.push(StoredLayer::new(entry.layer, std::mem::take(&mut runs)));
+            }
         }
         // Leftovers of a job that did not finish.
         let named: Vec<String> = manifest
@@ -346,8 +432,10 @@ impl<D: Disk> VersionStore<D> {
             meta: manifest.meta.clone(),
             floor: manifest.floor,
         };
-        let durable_view =
-            StoreView::of_manifest(&manifest, runs.iter().map(|r| r.run.clone()).collect());
+        let durable_view = StoreView::of_manifest(
+            &manifest,
+            layers.iter().map(|l| l.handles.clone()).collect(),
+        );
         Ok((
             VersionStore {
                 disk,
@@ -355,10 +443,10 @@ impl<D: Disk> VersionStore<D> {
                 options,
                 memtable: Memtable::default(),
                 frozen: Vec::new(),
-                runs,
+                layers,
                 flushed_marker: manifest.marker,
                 flushed_meta: manifest.meta.clone(),
-                next_run_id: manifest.next_run_id,
+                next_run_id: Arc::new(AtomicU64::new(manifest.next_run_id)),
                 floor: manifest.floor,
                 manifest_seq: 0,
                 manifest_seq_built: 0,
@@ -370,6 +458,7 @@ impl<D: Disk> VersionStore<D> {
                 full_merge_in_flight: None,
                 full_merges_done: 0,
                 written_bytes: 0,
+                runs_moved: 0,
                 durable_view,
             },
             recovered,
@@ -403,7 +492,7 @@ impl<D: Disk> VersionStore<D> {
     /// only when no older layer may hold a version it hides.
     pub fn compact_memtable(&mut self, floor: u64) {
         self.set_floor(floor);
-        let bottom = self.frozen.is_empty() && self.runs.is_empty();
+        let bottom = self.frozen.is_empty() && self.layers.is_empty();
         let table = &mut self.memtable;
         let mut freed = 0usize;
         let mut dropped = 0usize;
@@ -488,8 +577,8 @@ impl<D: Disk> VersionStore<D> {
         }
     }
 
-    fn run_handles(&self) -> Vec<Arc<Run<D>>> {
-        self.runs.iter().map(|r| r.run.clone()).collect()
+    fn run_handles(&self) -> Vec<RunLayer<D>> {
+        self.layers.iter().map(|l| l.handles.clone()).collect()
     }
 
     /// Freezes the memtable as the state at `marker`, with the caller's
@@ -520,10 +609,10 @@ impl<D: Disk> VersionStore<D> {
     }
 
     fn layers(&self) -> Vec<Layer<'_, D>> {
-        let mut layers = Vec::with_capacity(1 + self.frozen.len() + self.runs.len());
+        let mut layers = Vec::with_capacity(1 + self.frozen.len() + self.layers.len());
         layers.push(Layer::Mem(&self.memtable));
         layers.extend(self.frozen.iter().map(|f| Layer::Mem(f.table.as_ref())));
-        layers.extend(self.runs.iter().map(|r| Layer::Run(&r.run)));
+        layers.extend(self.layers.iter().map(|l| Layer::Runs(&l.handles)));
         layers
     }
 
@@ -532,12 +621,12 @@ impl<D: Disk> VersionStore<D> {
         for layer in self.layers() {
             let found = match layer {
                 Layer::Mem(table) => table.latest(key, version_max),
-                Layer::Run(run) => {
-                    if run.summary().min_version > version_max {
-                        continue;
+                Layer::Runs(runs) => match run_for_key(runs, key) {
+                    Some(run) if run.summary().min_version <= version_max => {
+                        run.latest(key, version_max)?
                     }
-                    run.latest(key, version_max)?
-                }
+                    Some(_) | None => continue,
+                },
             };
             if found.is_some() {
                 return Ok(found);
@@ -573,20 +662,22 @@ impl<D: Disk> VersionStore<D> {
                         }
                     }
                 }
-                Layer::Run(run) => {
-                    let s = run.summary();
-                    if s.max_version < version_min || s.min_version > version_max {
-                        continue;
-                    }
-                    for (i, block) in run.blocks().iter().enumerate() {
-                        if block.max_version < version_min || block.min_version > version_max {
+                Layer::Runs(runs) => {
+                    for run in runs.iter() {
+                        let s = run.summary();
+                        if s.max_version < version_min || s.min_version > version_max {
                             continue;
                         }
-                        out.extend(
-                            run.read_block(i)?
-                                .into_iter()
-                                .filter(|r| (version_min..=version_max).contains(&r.version)),
-                        );
+                        for (i, block) in run.blocks().iter().enumerate() {
+                            if block.max_version < version_min || block.min_version > version_max {
+                                continue;
+                            }
+                            out.extend(
+                                run.read_block(i)?
+                                    .into_iter()
+                                    .filter(|r| (version_min..=version_max).contains(&r.version)),
+                            );
+                        }
                     }
                 }
             }
@@ -595,16 +686,23 @@ impl<D: Disk> VersionStore<D> {
         Ok(out)
     }
 
+    /// Every run of every layer.
+    fn stored_runs(&self) -> impl Iterator<Item = &StoredRun<D>> {
+        self.layers.iter().flat_map(|l| l.runs.iter())
+    }
+
     /// Figures for status and tests.
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             memtable_bytes: self.memtable.bytes,
             frozen_layers: self.frozen.len(),
-            runs: self.runs.len(),
-            run_file_bytes: self.runs.iter().map(|r| r.run.summary().file_bytes).sum(),
-            run_records: self.runs.iter().map(|r| r.run.summary().records).sum(),
-            run_index_bytes: self.runs.iter().map(|r| r.run.index_bytes()).sum(),
+            layers: self.layers.len(),
+            runs: self.stored_runs().count(),
+            run_file_bytes: self.stored_runs().map(|r| r.run.summary().file_bytes).sum(),
+            run_records: self.stored_runs().map(|r| r.run.summary().records).sum(),
+            run_index_bytes: self.stored_runs().map(|r| r.run.index_bytes()).sum(),
             written_bytes: self.written_bytes,
+            runs_moved: self.runs_moved,
         }
     }
 
@@ -640,9 +738,21 @@ impl<D: Disk> VersionStore<D> {
     }
 
     fn take_run_id(&mut self) -> u64 {
-        let id = self.next_run_id;
-        self.next_run_id = id.saturating_add(1);
-        id
+        take_id(&self.next_run_id)
+    }
+
+    /// A job writing into `layer_id`, with the store's settings.
+    fn job(&self, kind: JobKind<D>, layer_id: u64, bottom: bool) -> Job<D> {
+        Job {
+            disk: self.disk.clone(),
+            dir: self.dir.clone(),
+            kind,
+            layer_id,
+            run_ids: self.next_run_id.clone(),
+            options: self.options,
+            bottom,
+            floor: self.floor,
+        }
     }
 
     fn flush_job(&mut self) -> Job<D> {
@@ -650,22 +760,17 @@ impl<D: Disk> VersionStore<D> {
         let (marker, meta) = (newest.marker, newest.meta.clone());
         let sources = self.frozen.iter().map(|f| f.table.clone()).collect();
         let frozen_layers = self.frozen.len();
-        // With a merge in flight the runs are not empty, so the flush is
+        // With a merge in flight the layers are not empty, so the flush is
         // never the bottom while one runs.
-        let bottom = self.runs.is_empty();
-        Job {
-            disk: self.disk.clone(),
-            dir: self.dir.clone(),
-            kind: JobKind::Flush {
-                sources,
-                frozen_layers,
-                marker,
-                meta,
-            },
-            output_id: self.take_run_id(),
-            bottom,
-            floor: self.floor,
-        }
+        let bottom = self.layers.is_empty();
+        let kind = JobKind::Flush {
+            sources,
+            frozen_layers,
+            marker,
+            meta,
+        };
+        let layer_id = self.take_run_id();
+        self.job(kind, layer_id, bottom)
     }
 
     /// Asks for every run to be merged into one, dropping every version
@@ -691,29 +796,21 @@ impl<D: Disk> VersionStore<D> {
     fn merge_job(&mut self) -> Option<Job<D>> {
         let flushed = self.flushed_marker >= self.full_merge_after_marker;
         if self.full_merges_requested > self.full_merges_done && flushed {
-            if self.runs.is_empty() {
+            if self.layers.is_empty() {
                 self.full_merges_done = self.full_merges_requested;
             } else {
                 self.full_merge_in_flight = Some(self.full_merges_requested);
-                return Some(Job {
-                    disk: self.disk.clone(),
-                    dir: self.dir.clone(),
-                    kind: JobKind::Merge {
-                        sources: self.runs.clone(),
-                    },
-                    output_id: self.take_run_id(),
-                    bottom: true,
-                    floor: self.floor,
-                });
+                let kind = JobKind::Merge {
+                    sources: self.layers.clone(),
+                    rewrite_all: true,
+                };
+                let layer_id = self.take_run_id();
+                return Some(self.job(kind, layer_id, true));
             }
         }
-        // The longest run of newest runs in which each older run is no
-        // larger than `merge_ratio` times the newer ones together.
-        let sizes: Vec<u64> = self
-            .runs
-            .iter()
-            .map(|r| r.run.summary().file_bytes)
-            .collect();
+        // The longest series of newest layers in which each older layer is
+        // no larger than `merge_ratio` times the newer ones together.
+        let sizes: Vec<u64> = self.layers.iter().map(StoredLayer::file_bytes).collect();
         let mut newer = *sizes.first()?;
         let mut count = 1;
         for size in sizes.iter().skip(1) {
@@ -726,16 +823,14 @@ impl<D: Disk> VersionStore<D> {
         if count < 2 {
             return None;
         }
-        let sources = self.runs[..count].to_vec();
-        let bottom = count == self.runs.len();
-        Some(Job {
-            disk: self.disk.clone(),
-            dir: self.dir.clone(),
-            kind: JobKind::Merge { sources },
-            output_id: self.take_run_id(),
-            bottom,
-            floor: self.floor,
-        })
+        let sources = self.layers[..count].to_vec();
+        let bottom = count == self.layers.len();
+        let kind = JobKind::Merge {
+            sources,
+            rewrite_all: false,
+        };
+        let layer_id = self.take_run_id();
+        Some(self.job(kind, layer_id, bottom))
     }
 
     /// Installs what a job of `lane` did in memory and returns the
@@ -762,6 +857,7 @@ impl<D: Disk> VersionStore<D> {
             self.full_merges_done = self.full_merges_done.max(ticket);
         }
         self.written_bytes = self.written_bytes.saturating_add(done.written_bytes);
+        self.runs_moved = self.runs_moved.saturating_add(done.runs_moved);
         let mut retired = Vec::new();
         // What the store lets go of here is freed in `commit`, off the
         // caller's lock (see `ManifestWrite::released`).
@@ -776,47 +872,62 @@ impl<D: Disk> VersionStore<D> {
                 released
                     .memtables
                     .extend(self.frozen.drain(keep..).map(|frozen| frozen.table));
-                if let Some(run) = done.run {
-                    self.runs.insert(0, run);
+                if let Some(layer) = done.layer {
+                    self.layers.insert(0, layer);
                 }
                 self.flushed_marker = self.flushed_marker.max(marker);
                 self.flushed_meta = meta;
             }
             JobDoneKind::Merged { sources } => {
-                // Flushes may have put newer runs in front meanwhile; the
+                // Flushes may have put newer layers in front meanwhile; the
                 // sources are still adjacent, oldest last.
                 let first = self
-                    .runs
+                    .layers
                     .iter()
-                    .position(|r| Some(&r.id) == sources.first());
+                    .position(|l| Some(&l.id) == sources.first());
                 let in_place = first.is_some_and(|first| {
-                    self.runs.len() >= first + sources.len()
-                        && self.runs[first..first + sources.len()]
+                    self.layers.len() >= first + sources.len()
+                        && self.layers[first..first + sources.len()]
                             .iter()
                             .zip(&sources)
-                            .all(|(run, id)| run.id == *id)
+                            .all(|(layer, id)| layer.id == *id)
                 });
+                // The merge's runs, those it moved among them.
+                let output_ids: Vec<u64> = done
+                    .layer
+                    .iter()
+                    .flat_map(|l| l.runs.iter().map(|r| r.id))
+                    .collect();
                 let Some(first) = first.filter(|_| in_place) else {
                     debug_assert!(false, "a merge's sources are no longer in place");
-                    if let Some(run) = done.run {
-                        let _ = self.disk.remove_file(run.run.path());
+                    if let Some(layer) = &done.layer {
+                        // Remove what it wrote, not what it moved.
+                        for run in &layer.runs {
+                            if self.stored_runs().all(|r| r.id != run.id) {
+                                let _ = self.disk.remove_file(run.run.path());
+                            }
+                        }
                     }
                     return Err(StorageError::Poisoned(
                         "a merge's sources are no longer in the store's shape".to_string(),
                     ));
                 };
-                let replaced: Vec<StoredRun<D>> = match done.run {
-                    Some(run) => self
-                        .runs
-                        .splice(first..first + sources.len(), [run])
-                        .collect(),
-                    None => self.runs.drain(first..first + sources.len()).collect(),
+                let range = first..first + sources.len();
+                let replaced: Vec<StoredLayer<D>> = match done.layer {
+                    Some(layer) => self.layers.splice(range, [layer]).collect(),
+                    None => self.layers.drain(range).collect(),
                 };
+                // A run moved into the new layer is not retired.
                 retired = replaced
                     .iter()
+                    .flat_map(|l| l.runs.iter())
+                    .filter(|run| !output_ids.contains(&run.id))
                     .map(|r| r.run.path().to_path_buf())
                     .collect();
-                released.runs = replaced.into_iter().map(|r| r.run).collect();
+                released.runs = replaced
+                    .into_iter()
+                    .flat_map(|l| l.runs.into_iter().map(|r| r.run))
+                    .collect();
             }
         }
         self.manifest_seq_built += 1;
@@ -827,14 +938,17 @@ impl<D: Disk> VersionStore<D> {
             manifest: Manifest {
                 marker: self.flushed_marker,
                 floor: self.floor,
-                next_run_id: self.next_run_id,
+                next_run_id: self.next_run_id.load(Ordering::SeqCst),
                 meta: self.flushed_meta.clone(),
                 runs: self
-                    .runs
+                    .layers
                     .iter()
-                    .map(|r| RunEntry {
-                        id: r.id,
-                        summary: r.run.summary(),
+                    .flat_map(|layer| {
+                        layer.runs.iter().map(|r| RunEntry {
+                            layer: layer.id,
+                            id: r.id,
+                            summary: r.run.summary(),
+                        })
                     })
                     .collect(),
             },
@@ -895,14 +1009,14 @@ impl<D: Disk> VersionStore<D> {
 #[derive(Debug, Clone)]
 pub struct StoreView<D: Disk> {
     frozen: Vec<Arc<Memtable>>,
-    runs: Vec<Arc<Run<D>>>,
+    runs: Vec<RunLayer<D>>,
     marker: u64,
     meta: Bytes,
 }
 
 impl<D: Disk> StoreView<D> {
     /// The state a manifest on disk stands for: its runs, nothing frozen.
-    fn of_manifest(manifest: &Manifest, runs: Vec<Arc<Run<D>>>) -> StoreView<D> {
+    fn of_manifest(manifest: &Manifest, runs: Vec<RunLayer<D>>) -> StoreView<D> {
         StoreView {
             frozen: Vec::new(),
             runs,
@@ -917,7 +1031,7 @@ impl<D: Disk> StoreView<D> {
             .frozen
             .iter()
             .map(|t| Layer::Mem(t.as_ref()))
-            .chain(self.runs.iter().map(Layer::Run))
+            .chain(self.runs.iter().map(|layer| Layer::Runs(layer)))
             .collect();
         VersionIter::new(layers, start, end)
     }
@@ -968,7 +1082,10 @@ enum JobKind<D: Disk> {
         meta: Bytes,
     },
     Merge {
-        sources: Vec<StoredRun<D>>,
+        /// Newest first.
+        sources: Vec<StoredLayer<D>>,
+        /// Rewrite every run, moving none (a full merge).
+        rewrite_all: bool,
     },
 }
 
@@ -977,8 +1094,12 @@ pub struct Job<D: Disk> {
     disk: D,
     dir: PathBuf,
     kind: JobKind<D>,
-    output_id: u64,
-    /// Whether the output is the oldest run (tombstones may go).
+    /// The id of the layer it makes.
+    layer_id: u64,
+    /// Where the ids of the runs it writes come from.
+    run_ids: Arc<AtomicU64>,
+    options: VersionStoreOptions,
+    /// Whether the output is the oldest layer (tombstones may go).
     bottom: bool,
     floor: u64,
 }
@@ -987,7 +1108,7 @@ impl<D: Disk> std::fmt::Debug for Job<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Job")
             .field("lane", &self.lane())
-            .field("output_id", &self.output_id)
+            .field("layer_id", &self.layer_id)
             .finish_non_exhaustive()
     }
 }
@@ -999,7 +1120,7 @@ enum JobDoneKind {
         meta: Bytes,
     },
     Merged {
-        /// The ids of the runs merged, newest first.
+        /// The ids of the layers merged, newest first.
         sources: Vec<u64>,
     },
 }
@@ -1007,17 +1128,68 @@ enum JobDoneKind {
 /// What a finished job hands back to [`VersionStore::finish_job`].
 pub struct JobDone<D: Disk> {
     kind: JobDoneKind,
-    run: Option<StoredRun<D>>,
+    /// The layer made; none when nothing was left (everything shadowed).
+    layer: Option<StoredLayer<D>>,
     written_bytes: u64,
+    runs_moved: u64,
 }
 
 impl<D: Disk> std::fmt::Debug for JobDone<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JobDone")
-            .field("run", &self.run.as_ref().map(|r| r.id))
+            .field("layer", &self.layer.as_ref().map(|l| l.id))
             .field("written_bytes", &self.written_bytes)
+            .field("runs_moved", &self.runs_moved)
             .finish_non_exhaustive()
     }
+}
+
+/// What a merge does with a part of its sources' key space.
+enum MergePart<'a, D: Disk> {
+    /// A run that overlaps no other: into the new layer as it is.
+    Move(&'a StoredRun<D>),
+    /// Runs rewritten together (in key order; some may overlap).
+    Rewrite(Vec<&'a StoredRun<D>>),
+}
+
+/// Splits the runs of a merge's sources into parts, in key order: each
+/// set of runs whose key ranges overlap (directly or through others) is
+/// rewritten; a run that overlaps none is moved, unless `rewrite_all` or
+/// it is smaller than `move_min` (then it is rewritten with the
+/// neighbouring parts that are rewritten anyway).
+fn merge_parts<'a, D: Disk>(
+    sources: &'a [StoredLayer<D>],
+    rewrite_all: bool,
+    move_min: u64,
+) -> Vec<MergePart<'a, D>> {
+    let mut runs: Vec<&StoredRun<D>> = sources.iter().flat_map(|l| l.runs.iter()).collect();
+    runs.sort_by(|a, b| a.run.first_key().cmp(b.run.first_key()));
+    let mut parts = Vec::new();
+    let mut rewrite: Vec<&StoredRun<D>> = Vec::new();
+    let mut i = 0;
+    while i < runs.len() {
+        // The runs overlapping runs[i], transitively.
+        let mut end = i + 1;
+        let mut last_key = runs[i].run.last_key();
+        while end < runs.len() && runs[end].run.first_key() <= last_key {
+            last_key = last_key.max(runs[end].run.last_key());
+            end += 1;
+        }
+        let alone = end == i + 1;
+        if alone && !rewrite_all && runs[i].run.summary().file_bytes >= move_min {
+            if !rewrite.is_empty() {
+                parts.push(MergePart::Rewrite(std::mem::take(&mut rewrite)));
+            }
+            parts.push(MergePart::Move(runs[i]));
+        } else {
+            rewrite.extend_from_slice(&runs[i..end]);
+        }
+        i = end;
+    }
+    if !rewrite.is_empty() {
+        parts.push(MergePart::Rewrite(rewrite));
+    }
+    parts
 }
 
 impl<D: Disk> Job<D> {
@@ -1029,43 +1201,52 @@ impl<D: Disk> Job<D> {
         }
     }
 
-    /// Writes the output run, durably (synced and renamed; the rename is
-    /// made durable by the next manifest's directory sync).
+    /// Writes the output runs, durably (synced and renamed; the renames
+    /// are made durable by the next manifest's directory sync).
     pub fn run(self) -> Result<JobDone<D>> {
-        let name = run_file_name(self.output_id);
-        let tmp = self.dir.join(format!("{name}.tmp"));
-        let path = self.dir.join(&name);
-        let mut writer = RunWriter::<D>::create(&self.disk, &tmp)?;
-        let layers: Vec<Layer<'_, D>> = match &self.kind {
+        let mut writer = SplitWriter::new(
+            self.disk.clone(),
+            self.dir.clone(),
+            self.run_ids.clone(),
+            self.options.run_bytes_target,
+        );
+        let mut runs_moved = 0u64;
+        match &self.kind {
             JobKind::Flush { sources, .. } => {
-                sources.iter().map(|t| Layer::Mem(t.as_ref())).collect()
+                let layers: Vec<Layer<'_, D>> =
+                    sources.iter().map(|t| Layer::Mem(t.as_ref())).collect();
+                writer.write_all(VersionIter::new(layers, &[], Bound::Unbounded), &self)?;
             }
-            JobKind::Merge { sources } => sources.iter().map(|r| Layer::Run(&r.run)).collect(),
-        };
-        let mut pending: Vec<Record> = Vec::new();
-        for record in VersionIter::new(layers, &[], Bound::Unbounded) {
-            let record = record?;
-            if pending.first().is_some_and(|first| first.key != record.key) {
-                write_key(&mut writer, &mut pending, self.floor, self.bottom)?;
+            JobKind::Merge {
+                sources,
+                rewrite_all,
+            } => {
+                let parts = merge_parts(sources, *rewrite_all, self.options.run_bytes_move_min);
+                for part in parts {
+                    match part {
+                        MergePart::Move(run) => {
+                            writer.finish_run()?;
+                            writer.done.push(run.clone());
+                            runs_moved += 1;
+                        }
+                        MergePart::Rewrite(runs) => {
+                            let layers = runs
+                                .iter()
+                                .map(|r| Layer::Runs(std::slice::from_ref(&r.run)))
+                                .collect();
+                            writer.write_all(
+                                VersionIter::new(layers, &[], Bound::Unbounded),
+                                &self,
+                            )?;
+                            // The next part's keys are past this one's.
+                            writer.finish_run()?;
+                        }
+                    }
+                }
             }
-            pending.push(record);
         }
-        write_key(&mut writer, &mut pending, self.floor, self.bottom)?;
-        let summary = writer.finish()?;
-        let written_bytes = summary.file_bytes;
-        let run = if summary.records == 0 {
-            // Nothing left (everything was shadowed): no run at all.
-            let _ = self.disk.remove_file(&tmp);
-            None
-        } else {
-            self.disk
-                .rename(&tmp, &path)
-                .map_err(|e| StorageError::io("rename run", &path, e))?;
-            Some(StoredRun {
-                id: self.output_id,
-                run: Run::open(&self.disk, &path)?,
-            })
-        };
+        let (runs, written_bytes) = writer.finish()?;
+        let layer = (!runs.is_empty()).then(|| StoredLayer::new(self.layer_id, runs));
         let kind = match self.kind {
             JobKind::Flush {
                 frozen_layers,
@@ -1077,15 +1258,136 @@ impl<D: Disk> Job<D> {
                 marker,
                 meta,
             },
-            JobKind::Merge { sources } => JobDoneKind::Merged {
-                sources: sources.iter().map(|r| r.id).collect(),
+            JobKind::Merge { sources, .. } => JobDoneKind::Merged {
+                sources: sources.iter().map(|l| l.id).collect(),
             },
         };
         Ok(JobDone {
             kind,
-            run,
+            layer,
             written_bytes,
+            runs_moved,
         })
+    }
+}
+
+/// Takes the next id from a store's counter.
+fn take_id(ids: &AtomicU64) -> u64 {
+    ids.fetch_add(1, Ordering::SeqCst)
+}
+
+/// Writes records in (key, version) order into runs of one layer, cutting
+/// a run at the first key boundary past the target size.
+struct SplitWriter<D: Disk> {
+    disk: D,
+    dir: PathBuf,
+    ids: Arc<AtomicU64>,
+    bytes_target: u64,
+    /// The run being written: its id and writer.
+    current: Option<(u64, RunWriter<D>)>,
+    /// The key last written, for cutting at a key boundary only.
+    last_key: Option<Bytes>,
+    /// The runs finished, in key order.
+    done: Vec<StoredRun<D>>,
+    written_bytes: u64,
+}
+
+impl<D: Disk> SplitWriter<D> {
+    fn new(disk: D, dir: PathBuf, ids: Arc<AtomicU64>, bytes_target: u64) -> Self {
+        SplitWriter {
+            disk,
+            dir,
+            ids,
+            bytes_target,
+            current: None,
+            last_key: None,
+            done: Vec::new(),
+            written_bytes: 0,
+        }
+    }
+
+    /// Appends one record.
+    fn push(&mut self, record: &Record) -> Result<()> {
+        let new_key = self.last_key.as_ref() != Some(&record.key);
+        let full = self
+            .current
+            .as_ref()
+            .is_some_and(|(_, w)| w.bytes_written() >= self.bytes_target);
+        if new_key && full {
+            self.finish_run()?;
+        }
+        if self.current.is_none() {
+            let id = take_id(&self.ids);
+            let tmp = self.dir.join(format!("{}.tmp", run_file_name(id)));
+            self.current = Some((id, RunWriter::create(&self.disk, &tmp)?));
+        }
+        if let Some((_, writer)) = &mut self.current {
+            writer.push(record)?;
+        }
+        if new_key {
+            self.last_key = Some(record.key.clone());
+        }
+        Ok(())
+    }
+
+    /// Writes every record of `records` that the floor of `job` leaves
+    /// (see [`shadowed`]), one key at a time.
+    fn write_all(
+        &mut self,
+        records: impl Iterator<Item = Result<Record>>,
+        job: &Job<D>,
+    ) -> Result<()> {
+        let mut pending: Vec<Record> = Vec::new();
+        for record in records {
+            let record = record?;
+            if pending.first().is_some_and(|first| first.key != record.key) {
+                self.write_key(&mut pending, job)?;
+            }
+            pending.push(record);
+        }
+        self.write_key(&mut pending, job)
+    }
+
+    fn write_key(&mut self, versions: &mut Vec<Record>, job: &Job<D>) -> Result<()> {
+        let dropped = shadowed(versions, job.floor, job.bottom, |r| {
+            (r.version, r.tombstone)
+        });
+        for record in &versions[dropped..] {
+            self.push(record)?;
+        }
+        versions.clear();
+        Ok(())
+    }
+
+    /// Finishes the run being written, if any: synced, renamed, opened.
+    fn finish_run(&mut self) -> Result<()> {
+        let Some((id, writer)) = self.current.take() else {
+            return Ok(());
+        };
+        let name = run_file_name(id);
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let summary = writer.finish()?;
+        self.written_bytes = self.written_bytes.saturating_add(summary.file_bytes);
+        if summary.records == 0 {
+            let _ = self.disk.remove_file(&tmp);
+            return Ok(());
+        }
+        let path = self.dir.join(&name);
+        self.disk
+            .rename(&tmp, &path)
+            .map_err(|e| StorageError::io("rename run", &path, e))?;
+        self.done.push(StoredRun {
+            id,
+            run: Run::open(&self.disk, &path)?,
+        });
+        Ok(())
+    }
+
+    /// Finishes the last run; the runs, in key order, and the bytes
+    /// written.
+    fn finish(mut self) -> Result<(Vec<StoredRun<D>>, u64)> {
+        self.finish_run()?;
+        Ok((self.done, self.written_bytes))
     }
 }
 
@@ -1097,7 +1399,7 @@ pub struct ManifestWrite<D: Disk> {
     seq: u64,
     manifest: Manifest,
     /// The runs it names, for the durable view.
-    runs: Vec<Arc<Run<D>>>,
+    runs: Vec<RunLayer<D>>,
     /// Run files no longer in the shape, deleted once a manifest without
     /// them is on disk.
     retired: Vec<PathBuf>,
@@ -1205,21 +1507,6 @@ fn shadowed<T>(
     }
 }
 
-/// Writes one key's versions that the floor leaves (see [`shadowed`]).
-fn write_key<D: Disk>(
-    writer: &mut RunWriter<D>,
-    versions: &mut Vec<Record>,
-    floor: u64,
-    bottom: bool,
-) -> Result<()> {
-    let dropped = shadowed(versions, floor, bottom, |r| (r.version, r.tombstone));
-    for record in &versions[dropped..] {
-        writer.push(record)?;
-    }
-    versions.clear();
-    Ok(())
-}
-
 /// A cursor over one layer.
 enum Cursor<'a, D: Disk> {
     Mem {
@@ -1227,8 +1514,11 @@ enum Cursor<'a, D: Disk> {
         current: Option<(&'a Bytes, &'a [MemVersion])>,
         at: usize,
     },
-    Run {
-        run: &'a Arc<Run<D>>,
+    /// The runs of a layer on disk, one after another.
+    Runs {
+        runs: &'a [Arc<Run<D>>],
+        /// The run being read, and the next block of it to read.
+        run: usize,
         block: usize,
         records: std::vec::IntoIter<Record>,
         done: bool,
@@ -1254,7 +1544,8 @@ impl<'a, D: Disk> Cursor<'a, D> {
                 *current = Some((key, versions.as_slice()));
                 *at = 0;
             },
-            Cursor::Run {
+            Cursor::Runs {
+                runs,
                 run,
                 block,
                 records,
@@ -1266,11 +1557,19 @@ impl<'a, D: Disk> Cursor<'a, D> {
                     }
                     return Some(Ok(record));
                 }
-                if *done || *block >= run.blocks().len() {
-                    *done = true;
+                if *done {
                     return None;
                 }
-                match run.read_block(*block) {
+                let Some(current) = runs.get(*run) else {
+                    *done = true;
+                    return None;
+                };
+                if *block >= current.blocks().len() {
+                    *run += 1;
+                    *block = 0;
+                    continue;
+                }
+                match current.read_block(*block) {
                     Ok(loaded) => {
                         *records = loaded.into_iter();
                         *block += 1;
@@ -1316,12 +1615,18 @@ impl<'a, D: Disk> VersionIter<'a, D> {
                         current: None,
                         at: 0,
                     },
-                    Layer::Run(run) => Cursor::Run {
-                        block: run.seek_block(start),
-                        run,
-                        records: Vec::new().into_iter(),
-                        done: false,
-                    },
+                    Layer::Runs(runs) => {
+                        // The first run that may hold a key at or past
+                        // `start`.
+                        let run = runs.partition_point(|r| r.last_key() < start);
+                        Cursor::Runs {
+                            block: runs.get(run).map_or(0, |r| r.seek_block(start)),
+                            runs,
+                            run,
+                            records: Vec::new().into_iter(),
+                            done: false,
+                        }
+                    }
                 })
                 .collect()
         };
@@ -1352,7 +1657,7 @@ impl<'a, D: Disk> VersionIter<'a, D> {
             Some(Ok(record)) if self.before_end(&record.key) => Ok(Some(record)),
             Some(Ok(_)) => {
                 // Past the end: this cursor is done.
-                if let Cursor::Run { done, .. } = &mut self.cursors[i] {
+                if let Cursor::Runs { done, .. } = &mut self.cursors[i] {
                     *done = true;
                 }
                 Ok(None)
@@ -1417,8 +1722,7 @@ mod tests;
 pub struct BulkLoad<D: Disk> {
     disk: D,
     dir: PathBuf,
-    tmp: PathBuf,
-    writer: RunWriter<D>,
+    writer: SplitWriter<D>,
 }
 
 impl<D: Disk> std::fmt::Debug for BulkLoad<D> {
@@ -1429,12 +1733,10 @@ impl<D: Disk> std::fmt::Debug for BulkLoad<D> {
     }
 }
 
-/// The id of the run a bulk load writes.
-const BULK_RUN_ID: u64 = 1;
-
 impl<D: Disk> BulkLoad<D> {
     /// Starts loading into `dir` (created if need be), which must hold no
-    /// manifest: a store there is never overwritten.
+    /// manifest: a store there is never overwritten. The records go into
+    /// one layer of runs cut at [`RUN_BYTES_TARGET`].
     pub fn create(disk: D, dir: &Path) -> Result<BulkLoad<D>> {
         crate::disk::create_dir_durably(&disk, dir)?;
         if Manifest::read(&disk, dir)?.is_some() {
@@ -1447,12 +1749,15 @@ impl<D: Disk> BulkLoad<D> {
                 ),
             ));
         }
-        let tmp = dir.join(format!("{}.tmp", run_file_name(BULK_RUN_ID)));
-        let writer = RunWriter::create(&disk, &tmp)?;
+        let writer = SplitWriter::new(
+            disk.clone(),
+            dir.to_path_buf(),
+            Arc::new(AtomicU64::new(1)),
+            RUN_BYTES_TARGET,
+        );
         Ok(BulkLoad {
             disk,
             dir: dir.to_path_buf(),
-            tmp,
             writer,
         })
     }
@@ -1463,34 +1768,28 @@ impl<D: Disk> BulkLoad<D> {
         self.writer.push(record)
     }
 
-    /// Syncs the run and writes the manifest: the store then opens at
+    /// Syncs the runs and writes the manifest: the store then opens at
     /// `marker`, with `meta` and `floor`, holding every record pushed.
     /// Returns the bytes written.
     pub fn finish(self, marker: u64, meta: Bytes, floor: u64) -> Result<u64> {
-        let summary = self.writer.finish()?;
-        let mut runs = Vec::new();
-        if summary.records == 0 {
-            let _ = self.disk.remove_file(&self.tmp);
-        } else {
-            let path = self.dir.join(run_file_name(BULK_RUN_ID));
-            self.disk
-                .rename(&self.tmp, &path)
-                .map_err(|e| StorageError::io("rename run", &path, e))?;
-            runs.push(RunEntry {
-                id: BULK_RUN_ID,
-                summary,
-            });
-        }
+        let ids = self.writer.ids.clone();
+        let (runs, written_bytes) = self.writer.finish()?;
+        let layer = take_id(&ids);
         let manifest = Manifest {
             marker,
             floor,
-            next_run_id: BULK_RUN_ID + 1,
+            next_run_id: ids.load(Ordering::SeqCst),
             meta,
-            runs,
+            runs: runs
+                .iter()
+                .map(|r| RunEntry {
+                    layer,
+                    id: r.id,
+                    summary: r.run.summary(),
+                })
+                .collect(),
         };
-        // The rename is made durable by the manifest's directory sync.
-        Ok(summary
-            .file_bytes
-            .saturating_add(manifest.write(&self.disk, &self.dir)?))
+        // The renames are made durable by the manifest's directory sync.
+        Ok(written_bytes.saturating_add(manifest.write(&self.disk, &self.dir)?))
     }
 }

@@ -150,6 +150,12 @@ impl<D: Disk> RunWriter<D> {
         })
     }
 
+    /// Bytes written to the file so far (the block being filled not
+    /// included).
+    pub fn bytes_written(&self) -> u64 {
+        self.offset
+    }
+
     /// Appends one record; records must come in strictly increasing
     /// (key, version) order.
     pub fn push(&mut self, record: &Record) -> Result<()> {
@@ -463,6 +469,16 @@ impl<D: Disk> Run<D> {
     /// Its file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The key of its first record (empty when the run is).
+    pub fn first_key(&self) -> &[u8] {
+        self.index.first().map_or(&[], |h| h.first_key.as_ref())
+    }
+
+    /// The key of its last record (empty when the run is).
+    pub fn last_key(&self) -> &[u8] {
+        &self.last_key
     }
 
     /// Its blocks.

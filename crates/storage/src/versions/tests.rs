@@ -689,8 +689,15 @@ fn a_run_being_written_keeps_no_slice_of_the_records_pushed() {
 fn a_point_lookup_reads_only_blocks_of_runs_that_may_hold_the_key() {
     let disk = SimDisk::with_seed(3);
     // No merges: three runs stay three, each holding every third key.
-    let (mut store, _) =
-        VersionStore::open(disk.clone(), &dir(), VersionStoreOptions { merge_ratio: 0 }).unwrap();
+    let (mut store, _) = VersionStore::open(
+        disk.clone(),
+        &dir(),
+        VersionStoreOptions {
+            merge_ratio: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let keys = 600u64;
     let key = |i: u64| format!("key-{i:04}").into_bytes();
     let mut version = 0;
@@ -738,4 +745,261 @@ fn a_point_lookup_reads_only_blocks_of_runs_that_may_hold_the_key() {
         present_reads <= keys + keys * 3 / 20,
         "{present_reads} block reads"
     );
+}
+
+/// Small runs, so that a few hundred records make layers of several runs.
+fn small_runs() -> VersionStoreOptions {
+    VersionStoreOptions {
+        merge_ratio: 1,
+        run_bytes_target: 48 * 1024,
+        run_bytes_move_min: 16 * 1024,
+    }
+}
+
+fn open_with(disk: &SimDisk, options: VersionStoreOptions) -> VersionStore<SimDisk> {
+    VersionStore::open(disk.clone(), &dir(), options).unwrap().0
+}
+
+/// 40 flushes of 200 keys each, every key past those before (a bulk fill,
+/// time-ordered keys), into a store with `options`.
+fn fill_in_key_order(store: &mut VersionStore<SimDisk>, model: &mut Model) {
+    let mut version = 0;
+    for flush in 0..40u64 {
+        for i in 0..200u64 {
+            version += 1;
+            let key = format!("fill-{:06}", flush * 200 + i);
+            put(
+                store,
+                model,
+                record(key.as_bytes(), version, false, &[7; 300]),
+            );
+        }
+        store.freeze(version, Bytes::new());
+        run_jobs(store);
+    }
+}
+
+#[test]
+fn keys_written_in_order_are_moved_by_merges_not_written_again() {
+    let moving_disk = SimDisk::with_seed(21);
+    let mut moving = open_with(&moving_disk, small_runs());
+    let mut model = Model::new();
+    fill_in_key_order(&mut moving, &mut model);
+    // The same fill with every run rewritten by every merge, as before
+    // runs were moved.
+    let rewriting_disk = SimDisk::with_seed(21);
+    let mut rewriting = open_with(
+        &rewriting_disk,
+        VersionStoreOptions {
+            run_bytes_move_min: u64::MAX,
+            ..small_runs()
+        },
+    );
+    fill_in_key_order(&mut rewriting, &mut Model::new());
+
+    let (moved, rewritten) = (moving.stats(), rewriting.stats());
+    assert_eq!(all(&moving), model_records(&model));
+    assert_eq!(all(&rewriting), model_records(&model));
+    assert!(moved.runs_moved > 0, "{moved:?}");
+    assert_eq!(rewritten.runs_moved, 0);
+    // Merges kept the layers few either way.
+    assert!(
+        moved.layers <= 8 && rewritten.layers <= 8,
+        "{moved:?} {rewritten:?}"
+    );
+    // Each byte written about once (the flush), plus the manifests.
+    assert!(
+        moved.written_bytes < moved.run_file_bytes * 5 / 4,
+        "{moved:?}"
+    );
+    assert!(
+        moved.written_bytes * 3 < rewritten.written_bytes,
+        "moved {moved:?}, rewritten {rewritten:?}"
+    );
+    // Reads find every key through the layers' runs, and a reopen reads
+    // the same shape.
+    for i in (0..8000u64).step_by(37) {
+        let key = format!("fill-{i:06}");
+        assert_eq!(
+            moving.latest(key.as_bytes(), u64::MAX).unwrap(),
+            model_latest(&model, key.as_bytes(), u64::MAX)
+        );
+    }
+    let sub: Vec<Record> = moving
+        .iter(b"fill-001234", Bound::Included(b"fill-005678"))
+        .collect::<Result<_>>()
+        .unwrap();
+    assert_eq!(sub.len(), 5678 - 1234 + 1);
+    drop(moving);
+    let reopened = open_with(&moving_disk, small_runs());
+    assert_eq!(reopened.stats().runs, moved.runs);
+    assert_eq!(all(&reopened), model_records(&model));
+    // A full merge rewrites every run, moving none.
+    let mut reopened = reopened;
+    let ticket = reopened.request_full_merge(0);
+    run_jobs(&mut reopened);
+    assert!(reopened.full_merge_done(ticket));
+    assert_eq!(reopened.stats().layers, 1);
+    assert_eq!(reopened.stats().runs_moved, 0);
+    assert_eq!(all(&reopened), model_records(&model));
+}
+
+/// Writes in key order mixed with writes over keys already written (so
+/// merges both move and rewrite, and rewrite only what overlaps), with
+/// tombstones, random freezes, jobs and reopens: every read matches the
+/// model.
+#[test]
+fn ordered_and_overlapping_writes_mixed_match_the_model() {
+    for seed in 0..30u64 {
+        let disk = SimDisk::with_seed(seed);
+        let mut store = open_with(&disk, small_runs());
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut version = 0u64;
+        let mut next_key = 0u64;
+        let mut moved_before_reopens = 0;
+        let key_of = |i: u64| format!("k-{i:06}").into_bytes();
+        for step in 0..4000u64 {
+            version += 1;
+            let roll = rng.next_u64() % 100;
+            let (key, tombstone) = if roll < 70 || next_key == 0 {
+                next_key += 1;
+                (key_of(next_key - 1), false)
+            } else {
+                // Over a key written before: near the end as often as
+                // anywhere.
+                let back = if roll < 85 {
+                    50.min(next_key)
+                } else {
+                    next_key
+                };
+                let i = next_key - 1 - rng.next_u64() % back;
+                (key_of(i), roll >= 95)
+            };
+            let len = if tombstone {
+                0
+            } else {
+                100 + (rng.next_u64() % 400) as usize
+            };
+            put(
+                &mut store,
+                &mut model,
+                record(&key, version, tombstone, &vec![(version % 251) as u8; len]),
+            );
+            if rng.next_u64() % 150 == 0 {
+                store.freeze(step, Bytes::new());
+            }
+            if rng.next_u64() % 200 == 0 {
+                run_jobs(&mut store);
+            }
+            if rng.next_u64() % 1000 == 0 {
+                store.freeze(step, Bytes::new());
+                run_jobs(&mut store);
+                moved_before_reopens += store.stats().runs_moved;
+                drop(store);
+                store = open_with(&disk, small_runs());
+            }
+        }
+        store.freeze(4000, Bytes::new());
+        run_jobs(&mut store);
+        let stats = store.stats();
+        assert!(
+            stats.runs_moved + moved_before_reopens > 0,
+            "seed {seed}: {stats:?}"
+        );
+        assert!(stats.runs > stats.layers, "seed {seed}: {stats:?}");
+        assert_eq!(all(&store), model_records(&model), "seed {seed}");
+        for _ in 0..200 {
+            let i = rng.next_u64() % (next_key + 10);
+            let version_max = rng.next_u64() % (version + 1);
+            assert_eq!(
+                store.latest(&key_of(i), version_max).unwrap(),
+                model_latest(&model, &key_of(i), version_max),
+                "seed {seed} key {i} at {version_max}"
+            );
+        }
+        let (from, to) = (key_of(next_key / 3), key_of(next_key * 2 / 3));
+        let sub: Vec<Record> = store
+            .iter(&from, Bound::Excluded(&to))
+            .collect::<Result<_>>()
+            .unwrap();
+        let expected: Vec<Record> = model_records(&model)
+            .into_iter()
+            .filter(|r| r.key.as_ref() >= from.as_slice() && r.key.as_ref() < to.as_slice())
+            .collect();
+        assert_eq!(sub, expected, "seed {seed}");
+        let history = store.history(version / 2, version).unwrap();
+        let mut expected: Vec<Record> = model_records(&model)
+            .into_iter()
+            .filter(|r| r.version >= version / 2)
+            .collect();
+        expected.sort_by_key(|r| r.version);
+        assert_eq!(history, expected, "seed {seed}");
+        drop(store);
+        let reopened = open_with(&disk, small_runs());
+        assert_eq!(
+            all(&reopened),
+            model_records(&model),
+            "seed {seed} reopened"
+        );
+    }
+}
+
+/// A merge that moves some runs and rewrites others, cut short by a crash
+/// at any point: the store reopens whole, at its marker, every run its
+/// manifest names there and no file it does not.
+#[test]
+fn a_crash_anywhere_in_a_merge_that_moves_runs_recovers_whole() {
+    let mut crashed = 0;
+    for seed in 0..40u64 {
+        let disk = SimDisk::with_seed(seed);
+        let mut store = open_with(&disk, small_runs());
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut version = 0u64;
+        // Layers growing in size so that a merge is due: keys in order,
+        // and in the last some over the first ones (a part to rewrite).
+        for (layer, count) in [150u64, 300, 600].into_iter().enumerate() {
+            for i in 0..count {
+                version += 1;
+                let key = if layer == 2 && i % 10 == 0 {
+                    format!("k-{:06}", rng.next_u64() % 150)
+                } else {
+                    format!("k-{:06}", 1000 * (layer as u64 + 1) + i)
+                };
+                put(
+                    &mut store,
+                    &mut model,
+                    record(key.as_bytes(), version, false, &[1; 300]),
+                );
+            }
+            store.freeze(version, Bytes::new());
+            flush_only(&mut store);
+        }
+        let marker = store.durable_marker();
+        let merge = store.next_job(JobLane::Merge).expect("a merge is due");
+        disk.set_fault_budget(Some(rng.next_u64() % 400_000));
+        let outcome = store
+            .finish_job(JobLane::Merge, merge.run())
+            .and_then(ManifestWrite::commit);
+        match outcome {
+            Ok(written) => drop(store.manifest_written(written)),
+            Err(_) => crashed += 1,
+        }
+        disk.crash(match seed % 3 {
+            0 => CrashMode::LoseUnsynced,
+            1 => CrashMode::TornUnsynced,
+            _ => CrashMode::KeepWritten,
+        });
+        drop(store);
+        let (store, recovered) = VersionStore::open(disk.clone(), &dir(), small_runs()).unwrap();
+        assert_eq!(recovered.marker, marker, "seed {seed}");
+        assert_eq!(all(&store), model_records(&model), "seed {seed}");
+        assert_eq!(
+            run_files(&disk, &dir()).len(),
+            store.stats().runs,
+            "seed {seed}: only the runs the manifest names are left"
+        );
+    }
+    assert!((5..40).contains(&crashed), "{crashed} of 40 merges crashed");
 }
