@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 use ferry_server::pb::etcdserverpb::kv_client::KvClient;
 use ferry_server::pb::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
 use hdrhistogram::Histogram;
+
+use crate::bench_watch::{WatchOutcome, Watchers, STAMP_BYTES, WATCHERS_MAX};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -136,6 +138,16 @@ pub struct BenchArgs {
     /// How long one request may take before it counts as a timeout error.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     pub timeout_ms: u64,
+    /// Watchers of single keys to keep open during the run: watcher i
+    /// watches key i (keys past the key space get no events). Each
+    /// measured put then carries its send time, and the time to each of
+    /// its events is reported.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub watchers: u64,
+    /// Watchers of the prefix every benchmark key has (each sees every
+    /// put).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prefix_watchers: u64,
 }
 
 impl Default for BenchArgs {
@@ -153,6 +165,8 @@ impl Default for BenchArgs {
             warmup_requests: 1000,
             seed: 1,
             timeout_ms: 10_000,
+            watchers: 0,
+            prefix_watchers: 0,
         }
     }
 }
@@ -214,6 +228,20 @@ pub enum BenchError {
         /// The smallest key size that fits.
         needed: usize,
     },
+    /// Watchers asked for with values too short to carry a send time.
+    #[error(
+        "--value-bytes {value_bytes} is too short for --watchers: each value carries its send \
+         time in its first {needed} bytes"
+    )]
+    ValueTooShortForWatchers {
+        /// Value size asked for.
+        value_bytes: usize,
+        /// The smallest value size that fits.
+        needed: usize,
+    },
+    /// A watch stream failed or its watchers were not created.
+    #[error("watchers: {0}")]
+    Watch(String),
     /// An endpoint that did not accept a connection.
     #[error("cannot connect to {endpoint}: {reason} (is the server running?)")]
     Connect {
@@ -256,6 +284,10 @@ pub struct BenchPlan {
     pub seed: u64,
     /// Time one request may take.
     pub timeout: Duration,
+    /// Watchers of single keys.
+    pub watchers: u64,
+    /// Watchers of the prefix of every key.
+    pub prefix_watchers: u64,
 }
 
 impl BenchPlan {
@@ -335,6 +367,16 @@ pub fn plan(args: &BenchArgs) -> Result<BenchPlan, BenchError> {
         ("clients", args.clients, CLIENTS_MAX),
         ("key-bytes", args.key_bytes, KEY_BYTES_MAX),
         ("value-bytes", args.value_bytes, VALUE_BYTES_MAX),
+        (
+            "watchers",
+            usize::try_from(args.watchers).unwrap_or(usize::MAX),
+            WATCHERS_MAX as usize,
+        ),
+        (
+            "prefix-watchers",
+            usize::try_from(args.prefix_watchers).unwrap_or(usize::MAX),
+            WATCHERS_MAX as usize,
+        ),
     ] {
         if value > max {
             return Err(BenchError::TooLarge {
@@ -350,7 +392,22 @@ pub fn plan(args: &BenchArgs) -> Result<BenchPlan, BenchError> {
             clients: args.clients,
         });
     }
-    let digits = decimal_digits(args.key_space - 1);
+    let watching = args.watchers.saturating_add(args.prefix_watchers);
+    if watching > WATCHERS_MAX {
+        return Err(BenchError::TooLarge {
+            option: "watchers",
+            value: watching,
+            max: WATCHERS_MAX,
+        });
+    }
+    if watching > 0 && args.value_bytes < STAMP_BYTES {
+        return Err(BenchError::ValueTooShortForWatchers {
+            value_bytes: args.value_bytes,
+            needed: STAMP_BYTES,
+        });
+    }
+    // Watched keys beyond the key space are keys too.
+    let digits = decimal_digits(args.key_space.max(args.watchers) - 1);
     if args.key_bytes < digits + 1 {
         return Err(BenchError::KeysTooShort {
             key_bytes: args.key_bytes,
@@ -371,6 +428,8 @@ pub fn plan(args: &BenchArgs) -> Result<BenchPlan, BenchError> {
         warmup_requests: args.warmup_requests,
         seed: args.seed,
         timeout: Duration::from_millis(args.timeout_ms),
+        watchers: args.watchers,
+        prefix_watchers: args.prefix_watchers,
     })
 }
 
@@ -559,7 +618,7 @@ impl Tally {
 }
 
 /// An empty latency histogram in microseconds, 3 significant digits.
-fn latency_histogram() -> Result<Histogram<u64>, BenchError> {
+pub(crate) fn latency_histogram() -> Result<Histogram<u64>, BenchError> {
     Histogram::<u64>::new_with_bounds(1, LATENCY_US_MAX, 3)
         .map_err(|error| BenchError::Internal(format!("histogram: {error:?}")))
 }
@@ -598,6 +657,8 @@ pub struct BenchReport {
     pub settle: Settle,
     /// The measured phase.
     pub measured: PhaseOutcome,
+    /// What the watchers saw, when the run had any.
+    pub watch: Option<WatchOutcome>,
 }
 
 /// Which requests a phase sends.
@@ -680,7 +741,11 @@ async fn run_phase(
                     PhaseKind::Workload => uniform(&mut rng, plan.key_space),
                 };
                 let key = key_for(key_index, plan.key_bytes);
-                let value = value_for(key_index, plan.value_bytes);
+                let mut value = value_for(key_index, plan.value_bytes);
+                let watched = plan.watchers + plan.prefix_watchers > 0;
+                if watched && kind == PhaseKind::Workload && !plan.workload.reads() {
+                    crate::bench_watch::stamp(&mut value);
+                }
                 let sent = Instant::now();
                 let result = one_request(&mut client, &plan, kind, key, &value).await;
                 let latency = sent.elapsed();
@@ -883,8 +948,14 @@ pub async fn run_bench(
             load,
             settle,
             measured,
+            watch: None,
         });
     }
+    let watchers = if plan.watchers + plan.prefix_watchers > 0 {
+        Some(Watchers::start(plan, &channels).await?)
+    } else {
+        None
+    };
     if plan.warmup_requests > 0 {
         // Another seed than the measurement, so the two do not ask for the
         // same keys in the same order.
@@ -898,6 +969,9 @@ pub async fn run_bench(
         )
         .await?;
     }
+    if let Some(watchers) = &watchers {
+        watchers.measure();
+    }
     let measured = run_phase(
         plan,
         &clients,
@@ -907,11 +981,16 @@ pub async fn run_bench(
         progress,
     )
     .await?;
+    let watch = match watchers {
+        Some(watchers) => Some(watchers.finish().await),
+        None => None,
+    };
     Ok(BenchReport {
         plan: plan.clone(),
         load,
         settle,
         measured,
+        watch,
     })
 }
 
@@ -1007,6 +1086,19 @@ pub fn human_summary(report: &BenchReport) -> String {
         histogram.max(),
         histogram.mean(),
     ));
+    if let Some(watch) = &report.watch {
+        let delivery = &watch.delivery_us;
+        text.push_str(&format!(
+            "watchers     {} of single keys, {} of the prefix: {} events during the measured phase; \
+             from put sent to event received p50 {} us, p99 {} us, max {} us\n",
+            watch.key_watchers,
+            watch.prefix_watchers,
+            watch.events,
+            quantile_us(delivery, 0.5),
+            quantile_us(delivery, 0.99),
+            delivery.max(),
+        ));
+    }
     text
 }
 
@@ -1020,11 +1112,15 @@ pub fn result_line(report: &BenchReport) -> String {
         .load
         .as_ref()
         .map_or((0, 0), |load| (load.requests, load.errors()));
+    let watch = report.watch.as_ref();
+    let delivery = watch.map(|w| &w.delivery_us);
     format!(
         "RESULT workload={} requests={} succeeded={} errors={} error_kinds={} elapsed_s={:.3} \
          requests_per_s={:.1} p50_us={} p90_us={} p99_us={} p999_us={} max_us={} mean_us={:.0} \
          connections={} clients={} endpoints={} key_space={} key_bytes={} value_bytes={} \
-         warmup_requests={} load_requests={} load_errors={} settle_ms={} seed={}",
+         warmup_requests={} load_requests={} load_errors={} settle_ms={} seed={} \
+         watchers={} prefix_watchers={} watch_events={} watch_p50_us={} watch_p99_us={} \
+         watch_max_us={}",
         plan.workload.name(),
         measured.requests,
         measured.succeeded,
@@ -1049,6 +1145,12 @@ pub fn result_line(report: &BenchReport) -> String {
         load_errors,
         report.settle,
         plan.seed,
+        plan.watchers,
+        plan.prefix_watchers,
+        watch.map_or(0, |w| w.events),
+        delivery.map_or(0, |d| quantile_us(d, 0.5)),
+        delivery.map_or(0, |d| quantile_us(d, 0.99)),
+        delivery.map_or(0, |d| d.max()),
     )
 }
 
@@ -1158,6 +1260,8 @@ mod tests {
                 warmup_requests: 0,
                 seed: 7,
                 timeout_ms: 10_000,
+                watchers: 0,
+                prefix_watchers: 0,
             }
         }
 
@@ -1581,6 +1685,7 @@ mod tests {
             load: Some(load),
             settle: Settle::NotNeeded,
             measured: outcome,
+            watch: None,
         };
         let line = result_line(&report);
         assert!(
@@ -1589,6 +1694,58 @@ mod tests {
         );
         assert!(human_summary(&report).contains("error MissingKey: 30 (first: key k"));
         cluster.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watchers_see_every_measured_put_and_their_delivery_is_timed() {
+        let cluster = TestCluster::start(2).await;
+        let args = BenchArgs {
+            warmup_requests: 20,
+            // 150 watchers of single keys over a key space of 100: 50 idle.
+            watchers: 150,
+            prefix_watchers: 3,
+            key_space: 100,
+            ..cluster.args(Workload::Put)
+        };
+        let plan = plan(&args).unwrap();
+        let report = run_bench(&plan, &ProgressBar::hidden()).await.unwrap();
+        assert_eq!(report.measured.succeeded, 200);
+        let watch = report.watch.as_ref().expect("the run had watchers");
+        // Each measured put reaches the watcher of its key and the three
+        // of the prefix: four events.
+        assert_eq!(watch.events, 200 * 4, "{watch:?}");
+        assert_eq!(watch.delivery_us.len(), 200 * 4);
+        assert!(watch.delivery_us.min() >= 1);
+        let line = result_line(&report);
+        assert!(
+            line.contains(" watchers=150 prefix_watchers=3 watch_events=800 "),
+            "{line}"
+        );
+        assert!(human_summary(&report).contains("150 of single keys, 3 of the prefix: 800 events"));
+        cluster.stop().await;
+    }
+
+    #[test]
+    fn watchers_need_room_in_the_value_for_the_send_time() {
+        let error = plan(&BenchArgs {
+            watchers: 1,
+            value_bytes: 4,
+            ..BenchArgs::default()
+        })
+        .unwrap_err();
+        assert!(matches!(
+            error,
+            BenchError::ValueTooShortForWatchers {
+                value_bytes: 4,
+                needed: 8
+            }
+        ));
+        assert!(plan(&BenchArgs {
+            watchers: WATCHERS_MAX,
+            prefix_watchers: 1,
+            ..BenchArgs::default()
+        })
+        .is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1617,6 +1774,7 @@ mod tests {
                 elapsed: Duration::ZERO,
                 revision_max: 0,
             },
+            watch: None,
         };
         assert!(result_line(&report).contains(" settle_ms=timeout "));
         assert!(human_summary(&report).contains("had not applied the load phase"));

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod bench_cmd;
+mod bench_watch;
 mod dev_cmd;
 mod lincheck_cmd;
 mod serve_cmd;

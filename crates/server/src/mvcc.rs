@@ -885,10 +885,9 @@ impl MvccStore {
     }
 
     /// Bytes the store holds, in memory and on disk, reported as the db
-    /// size.
+    /// size. Cheap: the quota check asks it on every write.
     pub fn size_bytes(&self) -> u64 {
-        let stats = self.versions.stats();
-        (stats.memtable_bytes as u64).saturating_add(stats.run_file_bytes)
+        (self.versions.memtable_bytes() as u64).saturating_add(self.versions.run_file_bytes())
     }
 
     /// The version store's figures (memtable, frozen layers, runs).

@@ -1,16 +1,21 @@
 //! The watch hub: delivers store changes to watchers in revision order,
 //! with no gap and no duplicate, without ever making the store wait.
 //!
-//! Every watcher remembers the next revision it must deliver
-//! (`next_revision`). A watcher whose `next_revision` is the revision being
-//! applied is *synced*: it receives that revision's events directly into its
-//! own bounded queue. A watcher that started in the past, or whose queue was
-//! full because its client reads slowly, falls *behind*: it is skipped by
-//! live delivery and catches up from the MVCC history when its stream drains
-//! it, a bounded batch at a time, until it is synced again. So the store
-//! never blocks on a watcher and a watcher's memory is bounded. A watcher
-//! that falls behind the compacted revision, or more than
-//! `lag_revisions_max` behind the store, is cancelled with a reason.
+//! A watcher is *synced* when it has every revision up to the last one
+//! applied queued or delivered: it receives each new revision's events
+//! directly into its own bounded queue. Synced watchers are indexed by key
+//! (a watcher of one key under that key; ranges and prefixes in a list of
+//! their own), so a revision costs a lookup per event, not a look at every
+//! watcher: with 10,000 watchers of single keys, a put concerns the few
+//! that watch its key. A watcher that started in the past, or whose queue
+//! was full because its client reads slowly, falls *behind*: it remembers
+//! the next revision it must deliver, is out of the index, and catches up
+//! from the MVCC history when its stream drains it, a bounded batch at a
+//! time, until it is synced again; one that starts at a future revision
+//! waits in a list by that revision. So the store never blocks on a
+//! watcher and a watcher's memory is bounded. A watcher that falls behind
+//! the compacted revision, or more than `lag_revisions_max` behind the
+//! store, is cancelled with a reason.
 //!
 //! Memory, with many watchers and large values: an event is held once,
 //! shared by every watcher that queues it (two variants at most: with and
@@ -23,7 +28,7 @@
 //! drain and the history scans per drain are bounded too, so one drain
 //! holds the state lock briefly however far behind its watchers are.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -113,8 +118,8 @@ struct Watcher {
     no_put: bool,
     no_delete: bool,
     progress_notify: bool,
-    /// First revision not yet queued for this watcher.
-    next_revision: i64,
+    /// Where it stands against the revisions applied.
+    position: Position,
     /// Events per revision, oldest first.
     queued: VecDeque<Queued>,
     queued_events: usize,
@@ -124,7 +129,109 @@ struct Watcher {
     delivered_since_progress: bool,
 }
 
+/// Where a watcher stands against the revisions applied (see the module
+/// docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    /// Has everything through [`Tracking::synced_revision`] queued or
+    /// delivered, and is in the index.
+    Synced,
+    /// The first revision not yet queued for it: behind when at or below
+    /// the store's revision, starting later when above.
+    Next(i64),
+}
+
+/// A watcher, by stream and watch id.
+type WatcherRef = (StreamId, i64);
+
+/// Which watchers each applied revision concerns.
+#[derive(Debug, Default)]
+struct Tracking {
+    /// The last revision synced watchers have.
+    synced_revision: i64,
+    /// Synced watchers of one key, by key.
+    keys: HashMap<Vec<u8>, BTreeSet<WatcherRef>>,
+    /// Synced watchers of a range or prefix, with their range.
+    ranges: BTreeMap<WatcherRef, KeyRange>,
+    /// Watchers that start at a revision still to come, by it.
+    starting: BTreeMap<i64, BTreeSet<WatcherRef>>,
+}
+
+impl Tracking {
+    /// Files a watcher where its position says (a watcher whose next
+    /// revision is the next to come is synced).
+    fn track(&mut self, at: WatcherRef, watcher: &mut Watcher) {
+        if watcher.position == Position::Next(self.synced_revision + 1) {
+            watcher.position = Position::Synced;
+        }
+        match watcher.position {
+            Position::Synced => match watcher.range.end {
+                RangeEnd::Single => {
+                    self.keys
+                        .entry(watcher.range.start.clone())
+                        .or_default()
+                        .insert(at);
+                }
+                RangeEnd::Unbounded | RangeEnd::Before(_) => {
+                    self.ranges.insert(at, watcher.range.clone());
+                }
+            },
+            Position::Next(next) if next > self.synced_revision + 1 => {
+                self.starting.entry(next).or_default().insert(at);
+            }
+            Position::Next(_) => {}
+        }
+    }
+
+    /// Takes a watcher out of wherever [`Tracking::track`] filed it.
+    fn untrack(&mut self, at: WatcherRef, watcher: &Watcher) {
+        match watcher.position {
+            Position::Synced => match watcher.range.end {
+                RangeEnd::Single => {
+                    if let Some(set) = self.keys.get_mut(&watcher.range.start) {
+                        set.remove(&at);
+                        if set.is_empty() {
+                            self.keys.remove(&watcher.range.start);
+                        }
+                    }
+                }
+                RangeEnd::Unbounded | RangeEnd::Before(_) => {
+                    self.ranges.remove(&at);
+                }
+            },
+            Position::Next(next) => {
+                if let Some(set) = self.starting.get_mut(&next) {
+                    set.remove(&at);
+                    if set.is_empty() {
+                        self.starting.remove(&next);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `found` for each synced watcher whose range holds `key`.
+    fn synced_holding(&self, key: &[u8], mut found: impl FnMut(WatcherRef)) {
+        if let Some(set) = self.keys.get(key) {
+            set.iter().copied().for_each(&mut found);
+        }
+        for (at, range) in &self.ranges {
+            if range.contains(key) {
+                found(*at);
+            }
+        }
+    }
+}
+
 impl Watcher {
+    /// The first revision not yet queued for it.
+    fn next_revision(&self, synced_revision: i64) -> i64 {
+        match self.position {
+            Position::Synced => synced_revision + 1,
+            Position::Next(next) => next,
+        }
+    }
+
     fn wants(&self, event: &Event) -> bool {
         let is_put = event.r#type == EventType::Put as i32;
         if (is_put && self.no_put) || (!is_put && self.no_delete) {
@@ -219,6 +326,7 @@ pub struct WatchHub {
     limits: WatchLimits,
     /// Bytes queued on this node: the sum of the streams' `queued_bytes`.
     queued_bytes: usize,
+    tracking: Tracking,
 }
 
 fn header(revision: i64) -> Option<ResponseHeader> {
@@ -305,6 +413,32 @@ impl WatchHub {
             next_stream_id: 1,
             limits,
             queued_bytes: 0,
+            tracking: Tracking::default(),
+        }
+    }
+
+    /// Makes `current` the revision synced watchers have, when the
+    /// revisions seen did not follow on (the first call, a state replaced
+    /// by a snapshot, a revision without events): every watcher synced
+    /// before has everything through the old revision only, so it is filed
+    /// again from there (behind, to catch up from history, or waiting).
+    fn align(&mut self, current: i64) {
+        let tracking = &mut self.tracking;
+        if tracking.synced_revision == current {
+            return;
+        }
+        let had = tracking.synced_revision;
+        *tracking = Tracking {
+            synced_revision: current,
+            ..Tracking::default()
+        };
+        for (stream_id, stream) in &mut self.streams {
+            for (watch_id, watcher) in &mut stream.watchers {
+                if watcher.position == Position::Synced {
+                    watcher.position = Position::Next(had + 1);
+                }
+                tracking.track((*stream_id, *watch_id), watcher);
+            }
         }
     }
 
@@ -342,6 +476,9 @@ impl WatchHub {
     /// Drops a stream and all its watchers, and what they had queued.
     pub fn close_stream(&mut self, stream_id: StreamId) {
         if let Some(stream) = self.streams.remove(&stream_id) {
+            for (watch_id, watcher) in &stream.watchers {
+                self.tracking.untrack((stream_id, *watch_id), watcher);
+            }
             self.queued_bytes = self.queued_bytes.saturating_sub(stream.ledger.queued_bytes);
         }
     }
@@ -366,10 +503,11 @@ impl WatchHub {
     /// Number of watchers that are behind `current_revision` and will catch
     /// up from history (for metrics and tests).
     pub fn behind_count(&self, current_revision: i64) -> usize {
+        let synced = self.tracking.synced_revision;
         self.streams
             .values()
             .flat_map(|s| s.watchers.values())
-            .filter(|w| w.next_revision <= current_revision)
+            .filter(|w| w.next_revision(synced) <= current_revision)
             .count()
     }
 
@@ -377,10 +515,11 @@ impl WatchHub {
     /// revision is compacted) goes to the stream's outbox.
     pub fn create(&mut self, stream_id: StreamId, request: &WatchCreateRequest, store: &MvccStore) {
         let limits = self.limits.clone();
+        let current = store.revision();
+        self.align(current);
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return;
         };
-        let current = store.revision();
         let refuse = |watch_id: i64, reason: String| WatchResponse {
             header: header(current),
             watch_id,
@@ -435,21 +574,20 @@ impl WatchHub {
             current + 1
         };
         let filters: Vec<i32> = request.filters.clone();
-        stream.watchers.insert(
-            watch_id,
-            Watcher {
-                range: KeyRange::new(&request.key, &request.range_end),
-                prev_kv: request.prev_kv,
-                no_put: filters.contains(&(FilterType::Noput as i32)),
-                no_delete: filters.contains(&(FilterType::Nodelete as i32)),
-                progress_notify: request.progress_notify,
-                next_revision,
-                queued: VecDeque::new(),
-                queued_events: 0,
-                queued_bytes: 0,
-                delivered_since_progress: false,
-            },
-        );
+        let mut watcher = Watcher {
+            range: KeyRange::new(&request.key, &request.range_end),
+            prev_kv: request.prev_kv,
+            no_put: filters.contains(&(FilterType::Noput as i32)),
+            no_delete: filters.contains(&(FilterType::Nodelete as i32)),
+            progress_notify: request.progress_notify,
+            position: Position::Next(next_revision),
+            queued: VecDeque::new(),
+            queued_events: 0,
+            queued_bytes: 0,
+            delivered_since_progress: false,
+        };
+        self.tracking.track((stream_id, watch_id), &mut watcher);
+        stream.watchers.insert(watch_id, watcher);
         stream.outbox.push_back(WatchResponse {
             header: header(current),
             watch_id,
@@ -505,6 +643,7 @@ impl WatchHub {
             .collect();
         for watch_id in refused {
             if let Some(mut watcher) = stream.watchers.remove(&watch_id) {
+                self.tracking.untrack((stream_id, watch_id), &watcher);
                 stream
                     .ledger
                     .release_watcher(&mut self.queued_bytes, &mut watcher);
@@ -527,6 +666,7 @@ impl WatchHub {
             return;
         };
         if let Some(mut watcher) = stream.watchers.remove(&watch_id) {
+            self.tracking.untrack((stream_id, watch_id), &watcher);
             stream
                 .ledger
                 .release_watcher(&mut self.queued_bytes, &mut watcher);
@@ -554,6 +694,8 @@ impl WatchHub {
     /// deliver since the last period.
     pub fn progress_tick(&mut self, stream_id: StreamId, store: &MvccStore) {
         let current = store.revision();
+        self.align(current);
+        let synced = self.tracking.synced_revision;
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return;
         };
@@ -564,7 +706,7 @@ impl WatchHub {
             }
             let idle = !watcher.delivered_since_progress && watcher.queued.is_empty();
             watcher.delivered_since_progress = false;
-            if idle && watcher.next_revision > current {
+            if idle && watcher.next_revision(synced) > current {
                 stream.outbox.push_back(WatchResponse {
                     header: header(current),
                     watch_id: *watch_id,
@@ -582,27 +724,62 @@ impl WatchHub {
     /// Each event is copied at most twice (with and without its previous
     /// value) however many watchers queue it.
     pub fn notify(&mut self, revision: i64, events: &[Event]) {
-        let limits = &self.limits;
-        let node_queued_bytes = &mut self.queued_bytes;
+        if revision != self.tracking.synced_revision + 1 {
+            self.align(revision - 1);
+        }
+        let WatchHub {
+            streams,
+            limits,
+            queued_bytes: node_queued_bytes,
+            tracking,
+            ..
+        } = self;
+        // Watchers that start at this revision are synced from here.
+        for at in tracking.starting.remove(&revision).unwrap_or_default() {
+            if let Some(watcher) = streams
+                .get_mut(&at.0)
+                .and_then(|stream| stream.watchers.get_mut(&at.1))
+            {
+                tracking.track(at, watcher);
+            }
+        }
+        // The synced watchers some event concerns, and which events, by
+        // stream and watch id.
+        let mut concerned: BTreeMap<StreamId, BTreeMap<i64, Vec<usize>>> = BTreeMap::new();
+        for (index, event) in events.iter().enumerate() {
+            let Some(kv) = event.kv.as_ref() else {
+                continue;
+            };
+            tracking.synced_holding(&kv.key, |(stream_id, watch_id)| {
+                concerned
+                    .entry(stream_id)
+                    .or_default()
+                    .entry(watch_id)
+                    .or_default()
+                    .push(index);
+            });
+        }
+        tracking.synced_revision = revision;
         let mut shared = SharedRevision::new(events);
-        for stream in self.streams.values_mut() {
+        for (stream_id, watchers) in concerned {
+            let Some(stream) = streams.get_mut(&stream_id) else {
+                continue;
+            };
             let mut woke = false;
             let ledger = &mut stream.ledger;
             // Which shared events this stream already counts, per variant.
             let mut counted: Vec<[bool; 2]> = vec![[false; 2]; events.len()];
-            for watcher in stream.watchers.values_mut() {
-                if watcher.next_revision != revision {
-                    // Behind (catches up from history) or starts later.
+            for (watch_id, indexes) in watchers {
+                let Some(watcher) = stream.watchers.get_mut(&watch_id) else {
                     continue;
-                }
-                let wanted: Vec<usize> = events
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, e)| watcher.wants(e))
-                    .map(|(i, _)| i)
+                };
+                debug_assert_eq!(watcher.position, Position::Synced);
+                let wanted: Vec<usize> = indexes
+                    .into_iter()
+                    .filter(|&i| events.get(i).is_some_and(|e| watcher.wants(e)))
                     .collect();
                 if wanted.is_empty() {
-                    watcher.next_revision = revision + 1;
+                    // Filtered out: it stays synced.
                     continue;
                 }
                 let variant = usize::from(watcher.prev_kv);
@@ -628,8 +805,10 @@ impl WatchHub {
                 let fits_node = *node_queued_bytes == 0
                     || *node_queued_bytes + stream_bytes <= limits.node_queued_bytes_max;
                 if !(fits_watcher && fits_stream && fits_node) {
-                    // Full: leave next_revision here; the watcher is now
-                    // behind and will read this revision from history.
+                    // Full: the watcher is now behind and will read this
+                    // revision from history.
+                    tracking.untrack((stream_id, watch_id), watcher);
+                    watcher.position = Position::Next(revision);
                     woke = true;
                     continue;
                 }
@@ -650,7 +829,6 @@ impl WatchHub {
                     events: batch,
                     bytes: watcher_bytes,
                 });
-                watcher.next_revision = revision + 1;
                 woke = true;
             }
             if woke {
@@ -677,11 +855,14 @@ impl WatchHub {
     /// scans; watchers take turns across drains.
     pub fn drain(&mut self, stream_id: StreamId, store: &MvccStore) -> (Vec<WatchResponse>, bool) {
         let limits = self.limits.clone();
+        let current = store.revision();
+        self.align(current);
+        let tracking = &mut self.tracking;
+        let synced = tracking.synced_revision;
         let node_queued_bytes = &mut self.queued_bytes;
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return (Vec::new(), false);
         };
-        let current = store.revision();
         let compacted = store.compacted_revision();
         let mut out: Vec<WatchResponse> = stream.outbox.drain(..).collect();
         let mut out_bytes = 0usize;
@@ -732,10 +913,11 @@ impl WatchHub {
                 behind = true;
                 continue;
             }
-            if watcher.next_revision > current {
+            let next_revision = watcher.next_revision(synced);
+            if next_revision > current {
                 continue;
             }
-            if watcher.next_revision < compacted {
+            if next_revision < compacted {
                 cancelled.push(cancellation(
                     watch_id,
                     current,
@@ -744,13 +926,13 @@ impl WatchHub {
                 ));
                 continue;
             }
-            if current - watcher.next_revision > limits.lag_revisions_max {
+            if current - next_revision > limits.lag_revisions_max {
                 cancelled.push(cancellation(
                     watch_id,
                     current,
                     format!(
                         "ferry: watcher too slow: {} revisions behind (limit {})",
-                        current - watcher.next_revision,
+                        current - next_revision,
                         limits.lag_revisions_max
                     ),
                     0,
@@ -762,7 +944,7 @@ impl WatchHub {
             let key: ScanKey = (
                 watcher.range.start.clone(),
                 watcher.range.end.clone(),
-                watcher.next_revision,
+                next_revision,
             );
             if !scans.contains_key(&key) {
                 if scans_run >= limits.history_scans_per_drain_max {
@@ -772,7 +954,7 @@ impl WatchHub {
                 scans_run += 1;
                 let history = match store.history(
                     &watcher.range,
-                    watcher.next_revision,
+                    next_revision,
                     current,
                     limits.events_per_watcher_max,
                     limits.drain_bytes_max,
@@ -798,7 +980,7 @@ impl WatchHub {
             let Some(scan) = scans.get(&key) else {
                 continue;
             };
-            let mut last_revision = watcher.next_revision - 1;
+            let mut last_revision = next_revision - 1;
             let mut batch: Vec<Event> = Vec::new();
             let mut batch_revision = 0;
             for event in scan.events.iter() {
@@ -828,15 +1010,19 @@ impl WatchHub {
                 });
             }
             watcher.delivered_since_progress = true;
+            // Behind until here, so in no index: synced again when the
+            // scan reached the present.
             if scan.complete {
-                watcher.next_revision = current + 1;
+                watcher.position = Position::Next(current + 1);
+                tracking.track((stream_id, watch_id), watcher);
             } else {
-                watcher.next_revision = last_revision + 1;
+                watcher.position = Position::Next(last_revision + 1);
                 behind = true;
             }
         }
         for (watch_id, response) in cancelled {
             if let Some(mut watcher) = watchers.remove(&watch_id) {
+                tracking.untrack((stream_id, watch_id), &watcher);
                 ledger.release_watcher(node_queued_bytes, &mut watcher);
             }
             out.push(response);
@@ -844,7 +1030,7 @@ impl WatchHub {
         if stream.progress_requested && !behind {
             let all_synced = watchers
                 .values()
-                .all(|w| w.next_revision > current && w.queued.is_empty());
+                .all(|w| w.next_revision(synced) > current && w.queued.is_empty());
             if all_synced {
                 stream.progress_requested = false;
                 out.push(WatchResponse {

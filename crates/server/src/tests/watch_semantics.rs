@@ -555,3 +555,93 @@ fn stream_count_is_bounded() {
     hub.machine.watches.close_stream(first);
     assert!(hub.machine.watches.open_stream().is_some());
 }
+
+/// The index of synced watchers against a brute-force model: watchers of
+/// one key, of a prefix and of a range, starting now, in the past and at
+/// revisions still to come, some cancelled, with queues so small that
+/// watchers keep falling behind and syncing again, and drains at random
+/// times. Each watcher sees exactly the events of its range from its start
+/// revision on, in order, once (a cancelled one a prefix of them).
+#[test]
+fn indexed_watchers_see_exactly_their_events_through_falls_behind_and_random_drains() {
+    use rand_chacha::rand_core::{Rng, SeedableRng};
+    use std::collections::{BTreeMap, BTreeSet};
+    for seed in 0..30u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut hub = Hub::new(WatchLimits {
+            events_per_watcher_max: 3,
+            ..WatchLimits::default()
+        });
+        let (stream, _) = hub.machine.watches.open_stream().unwrap();
+        let mut revision = 1i64;
+        let mut live: BTreeSet<String> = BTreeSet::new();
+        // (revision, key, is_delete) of every event applied.
+        let mut applied: Vec<(i64, String, bool)> = Vec::new();
+        // watch id -> (key, range_end, first revision)
+        let mut watchers: BTreeMap<i64, (String, String, i64)> = BTreeMap::new();
+        let mut cancelled: BTreeSet<i64> = BTreeSet::new();
+        let mut responses: Vec<WatchResponse> = Vec::new();
+        for _ in 0..800 {
+            match rng.next_u64() % 12 {
+                0 | 1 => {
+                    let (key, end) = match rng.next_u64() % 3 {
+                        0 => (format!("k{:02}", rng.next_u64() % 20), String::new()),
+                        1 => ("k1".to_string(), "k2".to_string()),
+                        _ => ("k05".to_string(), "k12".to_string()),
+                    };
+                    let start = match rng.next_u64() % 3 {
+                        0 => 0,
+                        1 => 1 + (rng.next_u64() as i64).rem_euclid(revision),
+                        _ => revision + 1 + (rng.next_u64() % 5) as i64,
+                    };
+                    let id = watchers.len() as i64;
+                    hub.machine.watch_create(stream, &watch(&key, &end, start));
+                    let first = if start == 0 { revision + 1 } else { start };
+                    watchers.insert(id, (key, end, first));
+                }
+                2 if !watchers.is_empty() => {
+                    let id = (rng.next_u64() % watchers.len() as u64) as i64;
+                    if cancelled.insert(id) {
+                        hub.machine.watch_cancel(stream, id);
+                    }
+                }
+                3 | 4 => responses.extend(hub.machine.watch_drain(stream).0),
+                _ => {
+                    let key = format!("k{:02}", rng.next_u64() % 20);
+                    if rng.next_u64() % 4 == 0 && live.contains(&key) {
+                        hub.apply(delete_cmd(&key, ""));
+                        live.remove(&key);
+                        revision += 1;
+                        applied.push((revision, key, true));
+                    } else {
+                        hub.apply(put_cmd(&key, "v"));
+                        live.insert(key.clone());
+                        revision += 1;
+                        applied.push((revision, key, false));
+                    }
+                }
+            }
+        }
+        responses.extend(hub.drain_all(stream));
+        for (id, (key, end, first)) in &watchers {
+            let range = crate::mvcc::KeyRange::new(key.as_bytes(), end.as_bytes());
+            let expected: Vec<(i64, String, bool)> = applied
+                .iter()
+                .filter(|(rev, k, _)| *rev >= *first && range.contains(k.as_bytes()))
+                .cloned()
+                .collect();
+            let seen = events_of(&responses, *id);
+            if cancelled.contains(id) {
+                assert!(
+                    expected.starts_with(&seen),
+                    "seed {seed} watch {id} ({key}..{end} from {first}): {seen:?} is not a prefix of {expected:?}"
+                );
+            } else {
+                assert_eq!(
+                    seen, expected,
+                    "seed {seed} watch {id} ({key}..{end} from {first})"
+                );
+            }
+        }
+    }
+}

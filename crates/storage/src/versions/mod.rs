@@ -271,6 +271,8 @@ struct StoredLayer<D: Disk> {
     runs: Vec<StoredRun<D>>,
     /// The same runs, shared with views.
     handles: RunLayer<D>,
+    /// Bytes of their files.
+    file_bytes: u64,
 }
 
 impl<D: Disk> StoredLayer<D> {
@@ -281,14 +283,16 @@ impl<D: Disk> StoredLayer<D> {
             "a layer's runs are in key order and apart"
         );
         let handles = runs.iter().map(|r| r.run.clone()).collect();
-        StoredLayer { id, runs, handles }
-    }
-
-    fn file_bytes(&self) -> u64 {
-        self.runs
+        let file_bytes = runs
             .iter()
             .map(|r| r.run.summary().file_bytes)
-            .fold(0, u64::saturating_add)
+            .fold(0, u64::saturating_add);
+        StoredLayer {
+            id,
+            runs,
+            handles,
+            file_bytes,
+        }
     }
 }
 
@@ -686,6 +690,15 @@ impl<D: Disk> VersionStore<D> {
         Ok(out)
     }
 
+    /// Bytes of the run files, cheap enough for every request (a look at
+    /// each layer; [`VersionStore::stats`] looks at every block).
+    pub fn run_file_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| l.file_bytes)
+            .fold(0, u64::saturating_add)
+    }
+
     /// Every run of every layer.
     fn stored_runs(&self) -> impl Iterator<Item = &StoredRun<D>> {
         self.layers.iter().flat_map(|l| l.runs.iter())
@@ -698,7 +711,7 @@ impl<D: Disk> VersionStore<D> {
             frozen_layers: self.frozen.len(),
             layers: self.layers.len(),
             runs: self.stored_runs().count(),
-            run_file_bytes: self.stored_runs().map(|r| r.run.summary().file_bytes).sum(),
+            run_file_bytes: self.run_file_bytes(),
             run_records: self.stored_runs().map(|r| r.run.summary().records).sum(),
             run_index_bytes: self.stored_runs().map(|r| r.run.index_bytes()).sum(),
             written_bytes: self.written_bytes,
@@ -752,7 +765,22 @@ impl<D: Disk> VersionStore<D> {
             options: self.options,
             bottom,
             floor: self.floor,
+            on_disk: None,
         }
+    }
+
+    /// The lowest and highest key of the runs on disk, if any.
+    fn key_span_on_disk(&self) -> Option<KeySpan> {
+        let first = self
+            .stored_runs()
+            .map(|r| r.run.first_key())
+            .filter(|k| !k.is_empty())
+            .min()?;
+        let last = self.stored_runs().map(|r| r.run.last_key()).max()?;
+        Some(KeySpan {
+            first: Bytes::copy_from_slice(first),
+            last: Bytes::copy_from_slice(last),
+        })
     }
 
     fn flush_job(&mut self) -> Job<D> {
@@ -770,7 +798,9 @@ impl<D: Disk> VersionStore<D> {
             meta,
         };
         let layer_id = self.take_run_id();
-        self.job(kind, layer_id, bottom)
+        let mut job = self.job(kind, layer_id, bottom);
+        job.on_disk = self.key_span_on_disk();
+        job
     }
 
     /// Asks for every run to be merged into one, dropping every version
@@ -810,7 +840,7 @@ impl<D: Disk> VersionStore<D> {
         }
         // The longest series of newest layers in which each older layer is
         // no larger than `merge_ratio` times the newer ones together.
-        let sizes: Vec<u64> = self.layers.iter().map(StoredLayer::file_bytes).collect();
+        let sizes: Vec<u64> = self.layers.iter().map(|l| l.file_bytes).collect();
         let mut newer = *sizes.first()?;
         let mut count = 1;
         for size in sizes.iter().skip(1) {
@@ -1102,6 +1132,34 @@ pub struct Job<D: Disk> {
     /// Whether the output is the oldest layer (tombstones may go).
     bottom: bool,
     floor: u64,
+    /// For a flush, the lowest and highest key on disk when it was handed
+    /// out (see [`KeySpan`]).
+    on_disk: Option<KeySpan>,
+}
+
+/// The lowest and highest key of the runs on disk. A flush cuts its output
+/// where it crosses either, so that keys written past everything on disk
+/// (a fill in key order, time-ordered keys) make a run of their own, which
+/// a merge can move, apart from the few keys written out of order with
+/// them (256 clients putting keys in order put them a few hundred apart)
+/// that do overlap older runs and are merged with them.
+#[derive(Debug, Clone)]
+struct KeySpan {
+    first: Bytes,
+    last: Bytes,
+}
+
+impl KeySpan {
+    /// 0 below the span, 1 in it, 2 above it.
+    fn region(&self, key: &[u8]) -> u8 {
+        if key < self.first.as_ref() {
+            0
+        } else if key <= self.last.as_ref() {
+            1
+        } else {
+            2
+        }
+    }
 }
 
 impl<D: Disk> std::fmt::Debug for Job<D> {
@@ -1210,6 +1268,7 @@ impl<D: Disk> Job<D> {
             self.run_ids.clone(),
             self.options.run_bytes_target,
         );
+        writer.cut_at = self.on_disk.clone();
         let mut runs_moved = 0u64;
         match &self.kind {
             JobKind::Flush { sources, .. } => {
@@ -1283,6 +1342,8 @@ struct SplitWriter<D: Disk> {
     dir: PathBuf,
     ids: Arc<AtomicU64>,
     bytes_target: u64,
+    /// Keys where a run is cut whatever its size (see [`KeySpan`]).
+    cut_at: Option<KeySpan>,
     /// The run being written: its id and writer.
     current: Option<(u64, RunWriter<D>)>,
     /// The key last written, for cutting at a key boundary only.
@@ -1299,6 +1360,7 @@ impl<D: Disk> SplitWriter<D> {
             dir,
             ids,
             bytes_target,
+            cut_at: None,
             current: None,
             last_key: None,
             done: Vec::new(),
@@ -1313,7 +1375,11 @@ impl<D: Disk> SplitWriter<D> {
             .current
             .as_ref()
             .is_some_and(|(_, w)| w.bytes_written() >= self.bytes_target);
-        if new_key && full {
+        let crosses = match (&self.cut_at, &self.last_key) {
+            (Some(span), Some(last)) => span.region(last) != span.region(&record.key),
+            (Some(_), None) | (None, _) => false,
+        };
+        if new_key && (full || crosses) {
             self.finish_run()?;
         }
         if self.current.is_none() {

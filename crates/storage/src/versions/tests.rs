@@ -711,7 +711,7 @@ fn a_point_lookup_reads_only_blocks_of_runs_that_may_hold_the_key() {
         store.freeze(version, Bytes::new());
         run_jobs(&mut store);
     }
-    assert_eq!(store.stats().runs, 3);
+    assert_eq!(store.stats().layers, 3);
     let reads_of = |lookup: &dyn Fn()| {
         let before = disk.reads();
         lookup();
@@ -760,22 +760,26 @@ fn open_with(disk: &SimDisk, options: VersionStoreOptions) -> VersionStore<SimDi
     VersionStore::open(disk.clone(), &dir(), options).unwrap().0
 }
 
-/// 40 flushes of 200 keys each, every key past those before (a bulk fill,
-/// time-ordered keys), into a store with `options`.
+/// 8000 keys written about in key order, 40 flushes of 200 each, into a
+/// store with `options`: each key a little out of order, as 256 clients
+/// putting keys in order write them (a few land in the next flush, after
+/// keys above them).
 fn fill_in_key_order(store: &mut VersionStore<SimDisk>, model: &mut Model) {
-    let mut version = 0;
-    for flush in 0..40u64 {
-        for i in 0..200u64 {
-            version += 1;
-            let key = format!("fill-{:06}", flush * 200 + i);
-            put(
-                store,
-                model,
-                record(key.as_bytes(), version, false, &[7; 300]),
-            );
+    let mut rng = ChaCha8Rng::seed_from_u64(8000);
+    let mut order: Vec<(u64, u64)> = (0..8000u64).map(|i| (i + rng.next_u64() % 40, i)).collect();
+    order.sort();
+    for (step, (_, i)) in order.into_iter().enumerate() {
+        let version = step as u64 + 1;
+        let key = format!("fill-{i:06}");
+        put(
+            store,
+            model,
+            record(key.as_bytes(), version, false, &[7; 300]),
+        );
+        if version % 200 == 0 {
+            store.freeze(version, Bytes::new());
+            run_jobs(store);
         }
-        store.freeze(version, Bytes::new());
-        run_jobs(store);
     }
 }
 
@@ -807,13 +811,14 @@ fn keys_written_in_order_are_moved_by_merges_not_written_again() {
         moved.layers <= 8 && rewritten.layers <= 8,
         "{moved:?} {rewritten:?}"
     );
-    // Each byte written about once (the flush), plus the manifests.
+    // Each byte written about once (the flush), plus the older runs the
+    // keys out of order overlap, and the manifests.
     assert!(
-        moved.written_bytes < moved.run_file_bytes * 5 / 4,
+        moved.written_bytes < moved.run_file_bytes * 3 / 2,
         "{moved:?}"
     );
     assert!(
-        moved.written_bytes * 3 < rewritten.written_bytes,
+        moved.written_bytes * 2 < rewritten.written_bytes,
         "moved {moved:?}, rewritten {rewritten:?}"
     );
     // Reads find every key through the layers' runs, and a reopen reads
@@ -958,12 +963,12 @@ fn a_crash_anywhere_in_a_merge_that_moves_runs_recovers_whole() {
         let mut model = Model::new();
         let mut version = 0u64;
         // Layers growing in size so that a merge is due: keys in order,
-        // and in the last some over the first ones (a part to rewrite).
+        // and in the last some over the first layer's (a part to rewrite).
         for (layer, count) in [150u64, 300, 600].into_iter().enumerate() {
             for i in 0..count {
                 version += 1;
                 let key = if layer == 2 && i % 10 == 0 {
-                    format!("k-{:06}", rng.next_u64() % 150)
+                    format!("k-{:06}", 1000 + rng.next_u64() % 150)
                 } else {
                     format!("k-{:06}", 1000 * (layer as u64 + 1) + i)
                 };
@@ -983,7 +988,14 @@ fn a_crash_anywhere_in_a_merge_that_moves_runs_recovers_whole() {
             .finish_job(JobLane::Merge, merge.run())
             .and_then(ManifestWrite::commit);
         match outcome {
-            Ok(written) => drop(store.manifest_written(written)),
+            Ok(written) => {
+                drop(store.manifest_written(written));
+                let stats = store.stats();
+                assert!(
+                    stats.runs_moved > 0 && stats.layers == 1,
+                    "seed {seed}: the merge moves runs: {stats:?}"
+                );
+            }
             Err(_) => crashed += 1,
         }
         disk.crash(match seed % 3 {
