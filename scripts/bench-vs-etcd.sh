@@ -56,6 +56,10 @@
 #                        KEY_BYTES never clash with the measured ones [16]
 #   RESTART      1: after the measured phase, kill -9 every member, start
 #                them again on their data and time until a put commits [0]
+#   BENCH_ARGS   more flags for every `ferry bench` run, e.g.
+#                "--watchers 10000 --prefix-watchers 100" for watchers open
+#                during the run (their event delivery times are on each
+#                run's RESULT line) []
 #
 # Besides requests/s and latency, every run reports what the members cost,
 # summed over the three processes and divided by the measured requests:
