@@ -729,6 +729,10 @@ async fn run_phase(
         // client's sequence of keys does not depend on the other clients.
         let mut rng =
             ChaCha8Rng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        // Measured puts carry their send time while watchers time them.
+        let stamped = plan.watchers + plan.prefix_watchers > 0
+            && kind == PhaseKind::Workload
+            && !plan.workload.reads();
         tasks.push(tokio::spawn(async move {
             let mut tally = Tally::default();
             loop {
@@ -742,8 +746,7 @@ async fn run_phase(
                 };
                 let key = key_for(key_index, plan.key_bytes);
                 let mut value = value_for(key_index, plan.value_bytes);
-                let watched = plan.watchers + plan.prefix_watchers > 0;
-                if watched && kind == PhaseKind::Workload && !plan.workload.reads() {
+                if stamped {
                     crate::bench_watch::stamp(&mut value);
                 }
                 let sent = Instant::now();

@@ -755,7 +755,13 @@ impl<D: Disk> VersionStore<D> {
     }
 
     /// A job writing into `layer_id`, with the store's settings.
-    fn job(&self, kind: JobKind<D>, layer_id: u64, bottom: bool) -> Job<D> {
+    fn job(
+        &self,
+        kind: JobKind<D>,
+        layer_id: u64,
+        bottom: bool,
+        on_disk: Option<KeySpan>,
+    ) -> Job<D> {
         Job {
             disk: self.disk.clone(),
             dir: self.dir.clone(),
@@ -765,7 +771,7 @@ impl<D: Disk> VersionStore<D> {
             options: self.options,
             bottom,
             floor: self.floor,
-            on_disk: None,
+            on_disk,
         }
     }
 
@@ -798,9 +804,7 @@ impl<D: Disk> VersionStore<D> {
             meta,
         };
         let layer_id = self.take_run_id();
-        let mut job = self.job(kind, layer_id, bottom);
-        job.on_disk = self.key_span_on_disk();
-        job
+        self.job(kind, layer_id, bottom, self.key_span_on_disk())
     }
 
     /// Asks for every run to be merged into one, dropping every version
@@ -835,7 +839,7 @@ impl<D: Disk> VersionStore<D> {
                     rewrite_all: true,
                 };
                 let layer_id = self.take_run_id();
-                return Some(self.job(kind, layer_id, true));
+                return Some(self.job(kind, layer_id, true, None));
             }
         }
         // The longest series of newest layers in which each older layer is
@@ -860,7 +864,7 @@ impl<D: Disk> VersionStore<D> {
             rewrite_all: false,
         };
         let layer_id = self.take_run_id();
-        Some(self.job(kind, layer_id, bottom))
+        Some(self.job(kind, layer_id, bottom, None))
     }
 
     /// Installs what a job of `lane` did in memory and returns the
@@ -1269,12 +1273,14 @@ impl<D: Disk> Job<D> {
             self.options.run_bytes_target,
         );
         writer.cut_at = self.on_disk.clone();
+        let (floor, bottom) = (self.floor, self.bottom);
         let mut runs_moved = 0u64;
         match &self.kind {
             JobKind::Flush { sources, .. } => {
                 let layers: Vec<Layer<'_, D>> =
                     sources.iter().map(|t| Layer::Mem(t.as_ref())).collect();
-                writer.write_all(VersionIter::new(layers, &[], Bound::Unbounded), &self)?;
+                let records = VersionIter::new(layers, &[], Bound::Unbounded);
+                writer.write_all(records, floor, bottom)?;
             }
             JobKind::Merge {
                 sources,
@@ -1284,8 +1290,7 @@ impl<D: Disk> Job<D> {
                 for part in parts {
                     match part {
                         MergePart::Move(run) => {
-                            writer.finish_run()?;
-                            writer.done.push(run.clone());
+                            writer.keep(run.clone())?;
                             runs_moved += 1;
                         }
                         MergePart::Rewrite(runs) => {
@@ -1293,10 +1298,8 @@ impl<D: Disk> Job<D> {
                                 .iter()
                                 .map(|r| Layer::Runs(std::slice::from_ref(&r.run)))
                                 .collect();
-                            writer.write_all(
-                                VersionIter::new(layers, &[], Bound::Unbounded),
-                                &self,
-                            )?;
+                            let records = VersionIter::new(layers, &[], Bound::Unbounded);
+                            writer.write_all(records, floor, bottom)?;
                             // The next part's keys are past this one's.
                             writer.finish_run()?;
                         }
@@ -1396,32 +1399,39 @@ impl<D: Disk> SplitWriter<D> {
         Ok(())
     }
 
-    /// Writes every record of `records` that the floor of `job` leaves
-    /// (see [`shadowed`]), one key at a time.
+    /// Writes every record of `records` that `floor` leaves (see
+    /// [`shadowed`]), one key at a time.
     fn write_all(
         &mut self,
         records: impl Iterator<Item = Result<Record>>,
-        job: &Job<D>,
+        floor: u64,
+        bottom: bool,
     ) -> Result<()> {
         let mut pending: Vec<Record> = Vec::new();
         for record in records {
             let record = record?;
             if pending.first().is_some_and(|first| first.key != record.key) {
-                self.write_key(&mut pending, job)?;
+                self.write_key(&mut pending, floor, bottom)?;
             }
             pending.push(record);
         }
-        self.write_key(&mut pending, job)
+        self.write_key(&mut pending, floor, bottom)
     }
 
-    fn write_key(&mut self, versions: &mut Vec<Record>, job: &Job<D>) -> Result<()> {
-        let dropped = shadowed(versions, job.floor, job.bottom, |r| {
-            (r.version, r.tombstone)
-        });
+    fn write_key(&mut self, versions: &mut Vec<Record>, floor: u64, bottom: bool) -> Result<()> {
+        let dropped = shadowed(versions, floor, bottom, |r| (r.version, r.tombstone));
         for record in &versions[dropped..] {
             self.push(record)?;
         }
         versions.clear();
+        Ok(())
+    }
+
+    /// Puts a run already on disk into the layer as it is, after what was
+    /// written so far (its keys must come after theirs).
+    fn keep(&mut self, run: StoredRun<D>) -> Result<()> {
+        self.finish_run()?;
+        self.done.push(run);
         Ok(())
     }
 
