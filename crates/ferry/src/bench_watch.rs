@@ -46,17 +46,25 @@ fn epoch() -> Instant {
 
 /// Writes the time now into the first [`STAMP_BYTES`] of `value`.
 pub fn stamp(value: &mut [u8]) {
-    let nanos = u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let nanos = now_nanos();
     if let Some(head) = value.get_mut(..STAMP_BYTES) {
         head.copy_from_slice(&nanos.to_le_bytes());
     }
 }
 
-/// How long ago the value was stamped, if it carries a stamp of this run.
-fn since_stamp(value: &[u8]) -> Option<Duration> {
+/// When the value was stamped and how long ago, if it carries a stamp.
+fn stamp_of(value: &[u8]) -> Option<(u64, Duration)> {
     let head: [u8; STAMP_BYTES] = value.get(..STAMP_BYTES)?.try_into().ok()?;
-    let sent = Duration::from_nanos(u64::from_le_bytes(head));
-    epoch().elapsed().checked_sub(sent)
+    let sent_nanos = u64::from_le_bytes(head);
+    let late = epoch()
+        .elapsed()
+        .checked_sub(Duration::from_nanos(sent_nanos))?;
+    Some((sent_nanos, late))
+}
+
+/// Nanoseconds since the epoch now.
+fn now_nanos() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What the watchers saw during the measured phase.
@@ -66,7 +74,7 @@ pub struct WatchOutcome {
     pub key_watchers: u64,
     /// Watchers of the prefix every key has.
     pub prefix_watchers: u64,
-    /// Events received during the measured phase, all watchers together.
+    /// Events of the measured phase's puts received, all watchers together.
     pub events: u64,
     /// Time from a put's send to each of its events' arrival, microseconds.
     pub delivery_us: Histogram<u64>,
@@ -77,6 +85,9 @@ pub struct Watchers {
     key_watchers: u64,
     prefix_watchers: u64,
     measuring: Arc<AtomicBool>,
+    /// Puts sent from this time on (nanoseconds since the epoch) count:
+    /// the warm-up's events may arrive after the measured phase began.
+    measured_from: Arc<AtomicU64>,
     events: Arc<AtomicU64>,
     delivery_us: Arc<Mutex<Histogram<u64>>>,
     /// Kept so that the streams stay open; dropped at the end.
@@ -89,6 +100,7 @@ impl Watchers {
     pub async fn start(plan: &BenchPlan, channels: &[Channel]) -> Result<Watchers, BenchError> {
         let total = plan.watchers + plan.prefix_watchers;
         let measuring = Arc::new(AtomicBool::new(false));
+        let measured_from = Arc::new(AtomicU64::new(u64::MAX));
         let events = Arc::new(AtomicU64::new(0));
         let delivery_us = Arc::new(Mutex::new(latency_histogram()?));
         let created = Arc::new(AtomicU64::new(0));
@@ -127,6 +139,7 @@ impl Watchers {
                 .map_err(|status| BenchError::Watch(status.to_string()))?;
             senders.push(sender);
             let mut inbound = response.into_inner();
+            let measured_from = measured_from.clone();
             let (measuring, events, delivery_us, created) = (
                 measuring.clone(),
                 events.clone(),
@@ -144,14 +157,15 @@ impl Watchers {
                     let mut histogram = delivery_us
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let from = measured_from.load(Ordering::Relaxed);
                     for event in &message.events {
-                        let late = event.kv.as_ref().and_then(|kv| since_stamp(&kv.value));
-                        if let Some(late) = late {
+                        let stamp = event.kv.as_ref().and_then(|kv| stamp_of(&kv.value));
+                        if let Some((_, late)) = stamp.filter(|(sent, _)| *sent >= from) {
                             let micros = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
                             histogram.saturating_record(micros.max(1));
+                            events.fetch_add(1, Ordering::Relaxed);
                         }
                     }
-                    events.fetch_add(message.events.len() as u64, Ordering::Relaxed);
                 }
             }));
         }
@@ -170,6 +184,7 @@ impl Watchers {
             key_watchers: plan.watchers,
             prefix_watchers: plan.prefix_watchers,
             measuring,
+            measured_from,
             events,
             delivery_us,
             _senders: senders,
@@ -179,6 +194,7 @@ impl Watchers {
 
     /// Counts events from now on (the measured phase).
     pub fn measure(&self) {
+        self.measured_from.store(now_nanos(), Ordering::Relaxed);
         self.measuring.store(true, Ordering::Relaxed);
     }
 
