@@ -1,7 +1,9 @@
 //! `ferry lincheck FILE...`: checks register histories for linearizability
 //! and prints one verdict line per file. A file is read as a ferry history
 //! (`ferry_sim::history::History::to_text`) when it starts with its header,
-//! and as a Jepsen history otherwise.
+//! as the history of a `ferry nemesis` run (JSON lines, its register
+//! operations) when it starts with that header, and as a Jepsen history
+//! otherwise.
 //!
 //! Exit status: 0 when every file was decided (linearizable or not), 1 when
 //! some file could not be read or parsed, or its search hit its bound.
@@ -16,8 +18,9 @@ use ferry_sim::lincheck::{check_with, jepsen, CheckOptions, Verdict, Violation};
 #[derive(clap::Args, Debug)]
 pub struct LincheckArgs {
     /// Register histories: Jepsen's (`INFO  jepsen.util - PROCESS TYPE F
-    /// VALUE` lines, one register per file) or ferry's own text format (a
-    /// file starting with `# ferry history v1`).
+    /// VALUE` lines, one register per file), ferry's own text format (a
+    /// file starting with `# ferry history v1`), or the `history.jsonl` of
+    /// a `ferry nemesis` run.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
 
@@ -78,6 +81,15 @@ fn check_file(file: &Path, options: CheckOptions) -> FileResult {
         Ok(text) => text,
         Err(error) => return FileResult::Error(format!("cannot read the file: {error}")),
     };
+    if crate::nemesis::history::is_history(text.lines().next().unwrap_or_default()) {
+        return match crate::nemesis::history::read(text.as_bytes())
+            .map_err(|error| error.to_string())
+            .and_then(|records| crate::nemesis::check::register_history(&records))
+        {
+            Ok(history) => FileResult::Checked(check_with(&history, options)),
+            Err(error) => FileResult::Error(format!("not a nemesis history: {error}")),
+        };
+    }
     if text.starts_with(TEXT_HEADER) {
         return match History::from_text(&text) {
             Ok(history) => FileResult::Checked(check_with(&history, options)),

@@ -1,5 +1,5 @@
 //! `ferry`: the one binary. Subcommands: `dev`, `serve`, `snapshot`, `sim`,
-//! `lincheck`, `bench`.
+//! `lincheck`, `bench`, `nemesis`.
 
 #![forbid(unsafe_code)]
 
@@ -7,6 +7,7 @@ mod bench_cmd;
 mod bench_watch;
 mod dev_cmd;
 mod lincheck_cmd;
+mod nemesis;
 mod serve_cmd;
 mod sim_cmd;
 mod snapshot_cmd;
@@ -45,6 +46,11 @@ enum Command {
     /// Load-test any etcd v3 endpoints (ferry or etcd) with puts or reads and
     /// report throughput and latency percentiles.
     Bench(bench_cmd::BenchArgs),
+    /// Run a fault test of real `ferry serve` processes (as root): members
+    /// in network namespaces partitioned, paused, killed, their disks
+    /// filled and stalled, while clients run; then check linearizability,
+    /// the watch guarantees and leases.
+    Nemesis(nemesis::NemesisArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim_cmd::run(args),
         Command::Lincheck(args) => lincheck_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Nemesis(args) => nemesis::run(args),
     }
 }
 
