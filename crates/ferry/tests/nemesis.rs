@@ -50,7 +50,11 @@ fn under_every_fault_the_registers_are_linearizable_and_watches_and_leases_hold(
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     for seed in ["101", "102", "103"] {
         let (code, summary) = nemesis(&["--secs", "30", "--seed", seed]);
-        assert_eq!(field(&summary, "verdict"), "linearizable", "seed {seed}: {summary}");
+        assert_eq!(
+            field(&summary, "verdict"),
+            "linearizable",
+            "seed {seed}: {summary}"
+        );
         assert_eq!(code, Some(0), "seed {seed}: {summary}");
         // Faults were applied, operations and watch events were checked.
         assert_ne!(field(&summary, "faults"), "none", "{summary}");
@@ -80,7 +84,10 @@ fn the_checker_has_teeth_stale_reads_under_partitions_are_not_linearizable() {
     assert_eq!(field(&summary, "verdict"), "NOT-linearizable", "{summary}");
     assert_eq!(field(&summary, "kv"), "NOT-linearizable", "{summary}");
     assert_eq!(code, Some(1), "{summary}");
-    assert!(field(&summary, "faults").starts_with("partition:"), "{summary}");
+    assert!(
+        field(&summary, "faults").starts_with("partition:"),
+        "{summary}"
+    );
 }
 
 #[test]
