@@ -8,7 +8,8 @@
 # Prints per round the requests/s and latency of `ferry bench` (run with
 # build B's binary for both) and the server CPU per put: user + system time
 # of the three member processes from /proc/PID/stat over the load, divided
-# by the requests. Environment: ROUNDS [3], REQUESTS [20000].
+# by the requests. Environment: ROUNDS [3], REQUESTS [20000], BENCH_ARGS
+# (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [].
 set -euo pipefail
 A=$(realpath "$1")
 B=$(realpath "$2")
@@ -43,15 +44,16 @@ for round in $(seq "$ROUNDS"); do
         done
         sleep 3
         before=$(cpu_ticks "$dev")
-        result=$("$B" bench --requests "$REQUESTS" --workload put | grep '^RESULT')
+        # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+        result=$("$B" bench --requests "$REQUESTS" --workload put ${BENCH_ARGS:-} | grep '^RESULT')
         after=$(cpu_ticks "$dev")
         kill -INT "$dev"
         wait "$dev" 2>/dev/null || true
         rm -rf "$dir"
         us_per_put=$(( (after - before) * 1000000 / TICKS_PER_S / REQUESTS ))
         rps=$(echo "$result" | grep -o 'requests_per_s=[0-9.]*')
-        p50=$(echo "$result" | grep -o 'p50_us=[0-9]*')
-        p99=$(echo "$result" | grep -o 'p99_us=[0-9]*')
+        p50=$(echo "$result" | grep -o ' p50_us=[0-9]*' | tr -d ' ')
+        p99=$(echo "$result" | grep -o ' p99_us=[0-9]*' | tr -d ' ')
         echo "round $round $name: $rps $p50 $p99 server_cpu_us_per_put=$us_per_put"
     done
 done

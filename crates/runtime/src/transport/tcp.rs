@@ -54,6 +54,9 @@ use super::handshake::{
 /// The most bytes read from a peer socket at once (and so the most a
 /// connection holds beyond what it has paid for, never).
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// The budget a connection leaves free when it reads ahead (see
+/// [`FrameReader`]): room for a few other connections' chunks.
+const READ_AHEAD_ROOM_BYTES: usize = 4 * READ_CHUNK_BYTES;
 /// The slowest a frame may arrive, once its header is in: a frame of `n`
 /// bytes must be complete within the read timeout plus `n` divided by this.
 /// A link slower than this cannot carry a cluster's replication anyway, and
@@ -575,9 +578,13 @@ struct ReadLimits<'a> {
     read_timeout: Duration,
 }
 
-/// Reads frames off one connection, holding no byte beyond the frame in
-/// progress, allocating only for bytes that arrived, and paying for every
-/// byte held from the limits' budget.
+/// Reads frames off one connection, allocating only for bytes that arrived
+/// and paying for every byte held from the limits' budget. Where there is a
+/// budget, a read takes up to [`READ_CHUNK_BYTES`] past a small frame in
+/// progress, so that one system call brings in every small frame a peer
+/// sent together (a leader's appends and a follower's answers come many at
+/// once); without a budget (before the handshake) it never reads past the
+/// frame in progress.
 struct FrameReader {
     buffer: BytesMut,
     /// The budget's permits for the bytes in `buffer`.
@@ -601,10 +608,28 @@ impl FrameReader {
         let mut frame_deadline: Option<Instant> = None;
         loop {
             if let Some(payload) = decode_frame(&mut self.buffer, limits.frame_bytes_max)? {
-                // Nothing past the frame was read, so everything held pays
-                // for it.
-                debug_assert!(self.buffer.is_empty());
-                return Ok((payload, BufferLease(self.held.take())));
+                let frame_bytes = FRAME_HEADER_BYTES.saturating_add(payload.len());
+                // The frame takes its bytes' share of what is held; the
+                // bytes read past it keep theirs.
+                let lease = if self.buffer.is_empty() {
+                    self.held.take()
+                } else {
+                    self.held.as_mut().and_then(|held| held.split(frame_bytes))
+                };
+                // A frame read together with others shares their
+                // allocation: a copy holds only its own bytes, so that a
+                // small entry kept by the log cache cannot pin a whole read.
+                let payload = if payload.len() < READ_CHUNK_BYTES {
+                    Bytes::copy_from_slice(&payload)
+                } else {
+                    payload
+                };
+                debug_assert!(
+                    self.held.as_ref().map_or(0, |held| held.num_permits()) == self.buffer.len()
+                        || limits.budget.is_none(),
+                    "every byte held is paid for"
+                );
+                return Ok((payload, BufferLease(lease)));
             }
             if frame_deadline.is_none() && self.buffer.len() >= FRAME_HEADER_BYTES {
                 let frame_bytes = frame_bytes_missing(&self.buffer) + self.buffer.len();
@@ -613,39 +638,65 @@ impl FrameReader {
                     Instant::now().checked_add(limits.read_timeout.saturating_add(transfer));
             }
             // Never past the frame, nor past the largest frame allowed
-            // (before the header is whole its length is not checked yet).
+            // (before the header is whole its length is not checked yet)...
             let frame_bytes_allowed =
                 FRAME_HEADER_BYTES.saturating_add(limits.frame_bytes_max as usize);
-            let wanted = frame_bytes_missing(&self.buffer)
+            let missing = frame_bytes_missing(&self.buffer)
                 .min(frame_bytes_allowed.saturating_sub(self.buffer.len()))
                 .clamp(1, READ_CHUNK_BYTES);
+            let mut wanted = missing;
             if let Some(budget) = limits.budget {
-                // `wanted` fits a u32: it is at most READ_CHUNK_BYTES. The
-                // budget is never closed; if it were, the transport is going
-                // away and so is this connection.
-                //
-                // The wait is bounded too: a connection waiting here holds
-                // what it paid for its frame so far, and if every byte of
-                // the budget is held by connections that wait (peers that
-                // sent parts of large frames and stopped, or went away
-                // unnoticed because nobody reads from them), nothing would
-                // ever be given back. Closing the connection breaks that;
-                // a live peer dials again.
-                let waiting_since = Instant::now();
-                let paid = match tokio::time::timeout(
-                    limits.read_timeout,
-                    budget.clone().acquire_many_owned(wanted as u32),
-                )
-                .await
-                {
-                    Ok(Ok(paid)) => paid,
-                    Ok(Err(_)) => return Err(ConnectionError::Closed),
-                    Err(_) => return Err(ConnectionError::Starved(limits.read_timeout)),
+                // ... unless the frame is small and the budget has room to
+                // spare: then a whole chunk, paid now if it can be at once
+                // (a read ahead never waits for the budget, so it never
+                // keeps another connection's frame waiting for long).
+                let ahead = (missing < READ_CHUNK_BYTES
+                    && budget.available_permits() >= READ_AHEAD_ROOM_BYTES)
+                    .then(|| {
+                        budget
+                            .clone()
+                            .try_acquire_many_owned(READ_CHUNK_BYTES as u32)
+                            .ok()
+                    })
+                    .flatten();
+                let paid = match ahead {
+                    Some(paid) => {
+                        wanted = READ_CHUNK_BYTES;
+                        paid
+                    }
+                    None => {
+                        // `wanted` fits a u32: it is at most READ_CHUNK_BYTES.
+                        // The budget is never closed; if it were, the
+                        // transport is going away and so is this connection.
+                        //
+                        // The wait is bounded too: a connection waiting here
+                        // holds what it paid for its frame so far, and if
+                        // every byte of the budget is held by connections
+                        // that wait (peers that sent parts of large frames
+                        // and stopped, or went away unnoticed because nobody
+                        // reads from them), nothing would ever be given
+                        // back. Closing the connection breaks that; a live
+                        // peer dials again.
+                        let waiting_since = Instant::now();
+                        let paid = match tokio::time::timeout(
+                            limits.read_timeout,
+                            budget.clone().acquire_many_owned(wanted as u32),
+                        )
+                        .await
+                        {
+                            Ok(Ok(paid)) => paid,
+                            Ok(Err(_)) => return Err(ConnectionError::Closed),
+                            Err(_) => return Err(ConnectionError::Starved(limits.read_timeout)),
+                        };
+                        // Time spent waiting for the budget is this node's,
+                        // not the peer's: it does not count against the
+                        // frame's deadline.
+                        let waited = waiting_since.elapsed();
+                        frame_deadline =
+                            frame_deadline.map(|at| at.checked_add(waited).unwrap_or(at));
+                        paid
+                    }
                 };
-                // Time spent waiting for the budget is this node's, not the
-                // peer's: it does not count against the frame's deadline.
-                let waited = waiting_since.elapsed();
-                frame_deadline = frame_deadline.map(|at| at.checked_add(waited).unwrap_or(at));
                 match self.held.as_mut() {
                     Some(held) => held.merge(paid),
                     None => self.held = Some(paid),
@@ -949,6 +1000,82 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bytes handed out by a reader that counts how often it is read.
+    struct CountingReader {
+        bytes: Vec<u8>,
+        reads: usize,
+    }
+
+    impl AsyncRead for CountingReader {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            self.reads += 1;
+            let n = buf.remaining().min(self.bytes.len());
+            let rest = self.bytes.split_off(n);
+            buf.put_slice(&self.bytes);
+            self.bytes = rest;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn small_frames_sent_together_are_read_in_one_go_and_each_pays_for_itself() {
+        let mut wire = BytesMut::new();
+        for n in 0..50u8 {
+            encode_frame(&vec![n; 100 + n as usize], &mut wire);
+        }
+        let mut stream = CountingReader {
+            bytes: wire.to_vec(),
+            reads: 0,
+        };
+        let budget = Arc::new(Semaphore::new(16 << 20));
+        let limits = ReadLimits {
+            frame_bytes_max: 1 << 20,
+            budget: Some(&budget),
+            read_timeout: Duration::from_secs(5),
+        };
+        let mut reader = FrameReader::new();
+        let mut leases = Vec::new();
+        for n in 0..50u8 {
+            let (payload, lease) = reader.next(&mut stream, &limits).await.unwrap();
+            assert_eq!(&payload[..], &vec![n; 100 + n as usize][..]);
+            assert_eq!(lease.bytes(), FRAME_HEADER_BYTES + 100 + n as usize);
+            leases.push(lease);
+        }
+        // 50 frames, 6,425 bytes: one read, not two per frame.
+        assert_eq!(stream.reads, 1);
+        // Every byte held is paid for, by the frame it belongs to.
+        let held: usize = leases.iter().map(BufferLease::bytes).sum();
+        assert_eq!(held, wire.len());
+        assert_eq!(budget.available_permits(), (16 << 20) - wire.len());
+        drop(leases);
+        assert_eq!(budget.available_permits(), 16 << 20);
+    }
+
+    #[tokio::test]
+    async fn without_a_budget_nothing_past_the_frame_is_read() {
+        // Before the handshake a connection has paid for nothing: the hello
+        // is read exactly, and what follows it stays in the socket.
+        let mut wire = BytesMut::new();
+        encode_frame(b"hello", &mut wire);
+        encode_frame(b"more", &mut wire);
+        let mut stream = CountingReader {
+            bytes: wire.to_vec(),
+            reads: 0,
+        };
+        let limits = ReadLimits {
+            frame_bytes_max: 64,
+            budget: None,
+            read_timeout: Duration::from_secs(5),
+        };
+        let (payload, _) = FrameReader::new().next(&mut stream, &limits).await.unwrap();
+        assert_eq!(&payload[..], b"hello");
+        assert_eq!(stream.bytes.len(), FRAME_HEADER_BYTES + 4);
+    }
 
     fn loopback() -> SocketAddr {
         "127.0.0.1:0".parse().unwrap()
@@ -1264,10 +1391,14 @@ mod tests {
         };
         assert_eq!(payload.len(), 1000);
         assert_eq!(lease.bytes(), 1000 + FRAME_HEADER_BYTES);
-        // The reader has paid for the next frame's header already.
-        assert_eq!(a.inbound_buffered_bytes(), 1000 + 2 * FRAME_HEADER_BYTES);
+        // The reader has paid for its next read already: a chunk, as the
+        // budget has room.
+        assert_eq!(
+            a.inbound_buffered_bytes(),
+            1000 + FRAME_HEADER_BYTES + READ_CHUNK_BYTES
+        );
         drop(lease);
-        assert_eq!(a.inbound_buffered_bytes(), FRAME_HEADER_BYTES);
+        assert_eq!(a.inbound_buffered_bytes(), READ_CHUNK_BYTES);
         a.shutdown();
     }
 
