@@ -28,7 +28,20 @@ pub fn majority_index(voters: &BTreeSet<NodeId>, index_of: impl Fn(NodeId) -> In
     if voters.is_empty() {
         return Index::MAX;
     }
-    let mut indexes: Vec<Index> = voters.iter().map(|&v| index_of(v)).collect();
+    // Asked on every acknowledgment the leader gets: the usual cluster of
+    // up to seven voters is sorted on the stack, not in a new vector.
+    const ON_STACK_MAX: usize = 8;
+    let mut on_stack = [0; ON_STACK_MAX];
+    let mut on_heap = Vec::new();
+    let indexes: &mut [Index] = if voters.len() <= ON_STACK_MAX {
+        for (slot, &voter) in on_stack.iter_mut().zip(voters) {
+            *slot = index_of(voter);
+        }
+        &mut on_stack[..voters.len()]
+    } else {
+        on_heap.extend(voters.iter().map(|&v| index_of(v)));
+        &mut on_heap
+    };
     indexes.sort_unstable_by(|a, b| b.cmp(a));
     indexes[voters.len() / 2]
 }
