@@ -39,8 +39,12 @@
 #   WORKLOADS    space-separated [put range-linearizable range-serializable]
 #   REQUESTS     measured requests per run [50000]
 #   WARMUP       warm-up requests per run, not measured [2000]
-#   CLIENTS      requests in flight [60]
-#   CONNECTIONS  gRPC connections, round-robin over the members [6]
+#   SHAPES       load shapes, each CLIENTSxCONNECTIONS (requests in flight x
+#                gRPC connections, round-robin over the members); every
+#                workload runs in each [60x6 256x16, or CLIENTSxCONNECTIONS
+#                when either of those is given]
+#   CLIENTS      requests in flight, for a single shape [60]
+#   CONNECTIONS  gRPC connections, for a single shape [6]
 #   KEY_SPACE    distinct keys [1000]
 #   KEY_BYTES    key size [8]
 #   VALUE_BYTES  value size [256]
@@ -84,6 +88,10 @@ ROUNDS="${ROUNDS:-3}"
 WORKLOADS="${WORKLOADS:-put range-linearizable range-serializable}"
 REQUESTS="${REQUESTS:-50000}"
 WARMUP="${WARMUP:-2000}"
+if [[ -n "${CLIENTS:-}${CONNECTIONS:-}" ]]; then
+  SHAPES="${SHAPES:-${CLIENTS:-60}x${CONNECTIONS:-6}}"
+fi
+SHAPES="${SHAPES:-60x6 256x16}"
 CLIENTS="${CLIENTS:-60}"
 CONNECTIONS="${CONNECTIONS:-6}"
 KEY_SPACE="${KEY_SPACE:-1000}"
@@ -301,11 +309,12 @@ preload() {
   field "$line" elapsed_s
 }
 
-# One run: SYSTEM WORKLOAD ROUND. Appends "system workload round rps p50 p99
+# One run: SYSTEM WORKLOAD ROUND LABEL (the workload and its shape, as the
+# results name it). Appends "system label round rps p50 p99
 # errors load_errors max_us cpu_us_per_request written_bytes_per_request
 # rss_mib_max restart_ms preload_s" to the results.
 run_one() {
-  local system="$1" workload="$2" round="$3"
+  local system="$1" workload="$2" round="$3" label="$4"
   local data="$DIR/$system-$workload-$round" ports endpoints="" port
   mkdir -p "$data"
   if [[ "$system" == etcd ]]; then
@@ -373,15 +382,15 @@ run_one() {
       echo "$system round $round: $line"
       echo "$system round $round: cpu_us_per_request=$cpu_us written_bytes_per_request=$written_per" \
         "rss_mib=$rss preload_s=$preload_s restart_ms=$restart_ms"
-      echo "$system $workload $round $(field "$line" requests_per_s) $(field "$line" p50_us)" \
+      echo "$system $label $round $(field "$line" requests_per_s) $(field "$line" p50_us)" \
         "$(field "$line" p99_us) $(field "$line" errors) $(field "$line" load_errors)" \
         "$(field "$line" max_us) $cpu_us $written_per $rss_max $restart_ms $preload_s" >>"$RESULTS"
     fi
   fi
   stop_cluster
   if [[ -n "$KEEP_LOGS" ]]; then
-    mkdir -p "$KEEP_LOGS/$system-$workload-$round"
-    cp "$data"/*.log "$KEEP_LOGS/$system-$workload-$round/" 2>/dev/null
+    mkdir -p "$KEEP_LOGS/$system-${label/@/-}-$round"
+    cp "$data"/*.log "$KEEP_LOGS/$system-${label/@/-}-$round/" 2>/dev/null
   elif [[ $status -ne 0 ]]; then
     for log in "$data"/*.log; do
       echo "---- $log (last 10 lines)"
@@ -396,7 +405,7 @@ echo "bench-vs-etcd: $(etcd --version 2>/dev/null | head -n 1); ferry $("$FERRY"
 echo "bench-vs-etcd: machine: $(nproc) CPUs, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)"
 echo "bench-vs-etcd: load before: $(uptime)"
 echo "bench-vs-etcd: $ROUNDS rounds of: $WORKLOADS; $REQUESTS requests (+$WARMUP warm-up)," \
-  "$CLIENTS clients on $CONNECTIONS connections, $KEY_SPACE keys of $KEY_BYTES bytes," \
+  "shapes (clients x connections) $SHAPES, $KEY_SPACE keys of $KEY_BYTES bytes," \
   "values of $VALUE_BYTES bytes${BENCH_ARGS:+; bench flags: $BENCH_ARGS}" \
   "${ETCD_ARGS:+; etcd flags: $ETCD_ARGS}${FERRY_ARGS:+; ferry serve flags: $FERRY_ARGS}"
 if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
@@ -405,11 +414,18 @@ if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
 fi
 
 failures=0
+LABELS=""
 for workload in $WORKLOADS; do
-  echo "== $workload"
-  for round in $(seq 1 "$ROUNDS"); do
-    for system in $SYSTEMS; do
-      run_one "$system" "$workload" "$round" || failures=$((failures + 1))
+  for shape in $SHAPES; do
+    CLIENTS="${shape%x*}"
+    CONNECTIONS="${shape#*x}"
+    label="$workload@$shape"
+    LABELS+="${LABELS:+ }$label"
+    echo "== $workload, $CLIENTS clients on $CONNECTIONS connections"
+    for round in $(seq 1 "$ROUNDS"); do
+      for system in $SYSTEMS; do
+        run_one "$system" "$workload" "$round" "$label" || failures=$((failures + 1))
+      done
     done
   done
 done
@@ -433,11 +449,11 @@ column_of() {
 }
 
 echo
-echo "Medians over $ROUNDS rounds ($REQUESTS requests each, $CLIENTS clients, $CONNECTIONS connections," \
+echo "Medians over $ROUNDS rounds ($REQUESTS requests each, workload@CLIENTSxCONNECTIONS," \
   "$VALUE_BYTES-byte values); ratio = ferry/etcd"
-printf '%-20s %11s %11s %6s | %9s %9s %6s | %9s %9s %6s | %s\n' \
+printf '%-30s %11s %11s %6s | %9s %9s %6s | %9s %9s %6s | %s\n' \
   workload "etcd req/s" "ferry req/s" ratio "etcd p50" "ferry p50" ratio "etcd p99" "ferry p99" ratio errors
-for workload in $WORKLOADS; do
+for workload in $LABELS; do
   e_rps="$(column_of etcd "$workload" 4 | median)"
   f_rps="$(column_of ferry "$workload" 4 | median)"
   e_p50="$(column_of etcd "$workload" 5 | median)"
@@ -446,7 +462,7 @@ for workload in $WORKLOADS; do
   f_p99="$(column_of ferry "$workload" 6 | median)"
   e_err="$(column_of etcd "$workload" 7 | awk '{ s += $1 } END { print s + 0 }')"
   f_err="$(column_of ferry "$workload" 7 | awk '{ s += $1 } END { print s + 0 }')"
-  printf '%-20s %11s %11s %6s | %7s us %7s us %6s | %7s us %7s us %6s | etcd %s, ferry %s\n' \
+  printf '%-30s %11s %11s %6s | %7s us %7s us %6s | %7s us %7s us %6s | etcd %s, ferry %s\n' \
     "$workload" "$e_rps" "$f_rps" "$(ratio "$f_rps" "$e_rps")" \
     "$e_p50" "$f_p50" "$(ratio "$f_p50" "$e_p50")" \
     "$e_p99" "$f_p99" "$(ratio "$f_p99" "$e_p99")" "$e_err" "$f_err"
@@ -457,13 +473,13 @@ echo
 echo "What the members cost, medians over the rounds: server CPU and bytes written per request" \
   "(all three members), the largest member's resident memory, the slowest request," \
   "the time to the first put after kill -9 of every member (RESTART=1)"
-printf '%-20s %9s %9s %6s | %9s %9s | %7s %7s | %9s %9s | %9s %9s\n' \
+printf '%-30s %9s %9s %6s | %9s %9s | %7s %7s | %9s %9s | %9s %9s\n' \
   workload "etcd cpu" "ferry cpu" ratio "etcd wr" "ferry wr" "etcd rss" "ferry" \
   "etcd max" "ferry max" "etcd rst" "ferry rst"
-for workload in $WORKLOADS; do
+for workload in $LABELS; do
   e_cpu="$(column_of etcd "$workload" 10 | median)"
   f_cpu="$(column_of ferry "$workload" 10 | median)"
-  printf '%-20s %6s us %6s us %6s | %7s B %7s B | %3s MiB %3s MiB | %6s ms %6s ms | %6s ms %6s ms\n' \
+  printf '%-30s %6s us %6s us %6s | %7s B %7s B | %3s MiB %3s MiB | %6s ms %6s ms | %6s ms %6s ms\n' \
     "$workload" "$e_cpu" "$f_cpu" "$(ratio "$f_cpu" "$e_cpu")" \
     "$(column_of etcd "$workload" 11 | median)" "$(column_of ferry "$workload" 11 | median)" \
     "$(column_of etcd "$workload" 12 | median)" "$(column_of ferry "$workload" 12 | median)" \
@@ -474,8 +490,8 @@ for workload in $WORKLOADS; do
 done
 if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
   echo "(preloaded: $PRELOAD_KEYS keys of $PRELOAD_KEY_BYTES bytes with values of $PRELOAD_VALUE_BYTES bytes;" \
-    "fill time, median: etcd $(column_of etcd "${WORKLOADS%% *}" 14 | median) s," \
-    "ferry $(column_of ferry "${WORKLOADS%% *}" 14 | median) s)"
+    "fill time, median: etcd $(column_of etcd "${LABELS%% *}" 14 | median) s," \
+    "ferry $(column_of ferry "${LABELS%% *}" 14 | median) s)"
 fi
 
 if [[ "$failures" -ne 0 ]]; then
