@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use ring::digest::{Context, SHA256};
 
 use crate::error::{CodecError, KvError};
-use crate::kv_state::{KvLimits, KvState, SnapshotSource};
+use crate::kv_state::{KvLimits, KvState, SnapshotCheck, SnapshotSource};
 use crate::snapshot_reader::SnapshotReader;
 
 /// Bytes of the SHA-256 that ends a backup.
@@ -166,15 +166,18 @@ pub struct BackupInfo {
 pub fn inspect(path: &Path) -> Result<BackupInfo, BackupError> {
     let mut backup = BackupFile::open(path)?;
     let mut counts = VersionCounts::default();
+    // Every check a restore makes, so that a file said to be whole is one
+    // that restores.
+    let mut check = SnapshotCheck::default();
     let snapshot = {
         let mut reader = SnapshotReader::new(&mut backup).map_err(|e| backup_codec(path, e))?;
         while let Some(version) = reader.next_version().map_err(|e| backup_codec(path, e))? {
             counts.add(&version);
+            check.version(version).map_err(|e| backup_codec(path, e))?;
         }
         reader.finish().map_err(|e| backup_codec(path, e))?
     };
-    crate::mvcc::check_positions(snapshot.revision, snapshot.compacted_revision)
-        .map_err(|e| backup.codec(CodecError::Inconsistent(e)))?;
+    check.finish(&snapshot).map_err(|e| backup.codec(e))?;
     let sha256 = backup.check_hash()?;
     Ok(BackupInfo {
         revision: snapshot.revision,

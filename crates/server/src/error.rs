@@ -77,6 +77,11 @@ pub enum KvError {
     /// deletes and compaction still run.
     #[error("etcdserver: mvcc: database space exceeded")]
     NoSpace,
+    /// The store stands at [`crate::mvcc::REVISION_MAX`], the last
+    /// revision it may reach (only a snapshot that was restored there gets
+    /// a store this far): writes are refused, reads still run.
+    #[error("ferry: the store is at its last revision and takes no more writes")]
+    RevisionsExhausted,
     /// An auth call or a permission check failed.
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
@@ -245,7 +250,7 @@ impl From<ApiError> for tonic::Status {
                 }
                 KvError::LeaseNotFound => Code::NotFound,
                 KvError::LeaseExists | KvError::MemberIdTaken => Code::FailedPrecondition,
-                KvError::NoSpace => Code::ResourceExhausted,
+                KvError::NoSpace | KvError::RevisionsExhausted => Code::ResourceExhausted,
                 KvError::Auth(auth) => auth.code(),
                 KvError::Decode(_) | KvError::AlreadyApplied { .. } => Code::Internal,
                 // Clients move to another member on Unavailable.

@@ -385,6 +385,42 @@ impl KvState {
         }
     }
 
+    /// Refuses a command that may write a version once the store stands at
+    /// [`crate::mvcc::REVISION_MAX`] (only a snapshot restored there gets a
+    /// store this far; snapshots past it are refused), so that the next
+    /// revision never wraps and the state's own snapshot always restores.
+    fn check_revision_room(&self, command: &ferrypb::Command) -> Result<(), KvError> {
+        let may_write = match &command.kind {
+            Some(CommandKind::Put(_))
+            | Some(CommandKind::DeleteRange(_))
+            | Some(CommandKind::Txn(_))
+            | Some(CommandKind::LeaseRevoke(_))
+            | Some(CommandKind::LeaseExpire(_)) => true,
+            Some(CommandKind::Compact(_))
+            | Some(CommandKind::LeaseGrant(_))
+            | Some(CommandKind::MemberRecord(_))
+            | Some(CommandKind::AuthEnable(_))
+            | Some(CommandKind::AuthDisable(_))
+            | Some(CommandKind::UserAdd(_))
+            | Some(CommandKind::UserDelete(_))
+            | Some(CommandKind::UserChangePassword(_))
+            | Some(CommandKind::UserGrantRole(_))
+            | Some(CommandKind::UserRevokeRole(_))
+            | Some(CommandKind::RoleAdd(_))
+            | Some(CommandKind::RoleDelete(_))
+            | Some(CommandKind::RoleGrantPermission(_))
+            | Some(CommandKind::RoleRevokePermission(_))
+            | Some(CommandKind::AuthToken(_))
+            | Some(CommandKind::Alarm(_))
+            | None => false,
+        };
+        if may_write && self.store.revision() >= crate::mvcc::REVISION_MAX {
+            Err(KvError::RevisionsExhausted)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Raises or clears one alarm; answers the alarms it changed (none
     /// when there was nothing to change, as etcd answers).
     fn alarm(&mut self, request: &AlarmRequest) -> CommandResponse {
@@ -734,11 +770,16 @@ impl KvState {
             Ok(()) => match self
                 .recheck(command)
                 .and_then(|()| self.check_capped(command))
+                .and_then(|()| self.check_revision_room(command))
             {
                 Err(error) => Err(error),
                 Ok(()) => self.execute(command, &mut txn),
             },
         };
+        debug_assert!(
+            !txn.changed() || txn.revision <= crate::mvcc::REVISION_MAX,
+            "a write past the last revision (see check_revision_room)"
+        );
         if response.is_err() && txn.changed() {
             // Only a txn past its response limit, or one that met a
             // storage failure, fails after writing.
@@ -974,7 +1015,14 @@ impl KvState {
     }
 
     fn do_put(&mut self, put: &PutRequest, txn: &mut WriteTxn) -> Result<PutResponse, KvError> {
-        let existing = self.store.get(&put.key, ReadAt::Latest)?;
+        // The key's current version matters here only to keep its value or
+        // lease (`store.put` looks it up anyway, for the new version's
+        // numbers): a plain put does not read it twice.
+        let existing = if put.ignore_value || put.ignore_lease {
+            self.store.get(&put.key, ReadAt::Latest)?
+        } else {
+            None
+        };
         let value = match (&existing, put.ignore_value) {
             (Some(kv), true) => kv.value.clone(),
             _ => put.value.clone(),
@@ -1591,6 +1639,91 @@ fn snapshot_version(version: ferrypb::SnapshotVersion) -> Result<Version, CodecE
         sub_revision: version.sub_revision,
         tombstone: version.tombstone,
     })
+}
+
+/// Checks a snapshot as it streams by, without building the state: what
+/// restoring it ([`KvState::restore_into`]) would refuse, for a reader that
+/// only inspects it (`ferry snapshot status`), so that a file it calls
+/// whole is one a restore takes. Holds the keys attached to leases (as
+/// many as the snapshot's lease table lists), nothing else of the state.
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotCheck {
+    versions: SnapshotVersionCheck,
+    /// The key whose versions are being read, and the lease its newest
+    /// version so far is attached to (0 for none, or a tombstone).
+    current: Option<(Vec<u8>, i64)>,
+    /// Per lease, the keys whose newest version is live and attached to it.
+    attached: BTreeMap<i64, BTreeSet<Vec<u8>>>,
+}
+
+impl SnapshotCheck {
+    /// Checks the next version (in store order).
+    pub(crate) fn version(&mut self, version: ferrypb::SnapshotVersion) -> Result<(), CodecError> {
+        let version = snapshot_version(version)?;
+        self.versions
+            .check(&version)
+            .map_err(CodecError::Inconsistent)?;
+        let lease = if version.tombstone {
+            0
+        } else {
+            version.kv.lease
+        };
+        match &mut self.current {
+            Some((key, newest)) if *key == version.kv.key => *newest = lease,
+            _ => {
+                self.close_key();
+                self.current = Some((version.kv.key.clone(), lease));
+            }
+        }
+        Ok(())
+    }
+
+    fn close_key(&mut self) {
+        if let Some((key, lease)) = self.current.take() {
+            if lease != 0 {
+                self.attached.entry(lease).or_default().insert(key);
+            }
+        }
+    }
+
+    /// Checks the rest of the snapshot against the versions seen: the
+    /// revisions, each lease's keys (exactly the keys attached to it), the
+    /// auth state.
+    pub(crate) fn finish(mut self, snapshot: &ferrypb::Snapshot) -> Result<(), CodecError> {
+        self.close_key();
+        crate::mvcc::check_positions(snapshot.revision, snapshot.compacted_revision)
+            .map_err(CodecError::Inconsistent)?;
+        self.versions
+            .finish(snapshot.revision)
+            .map_err(CodecError::Inconsistent)?;
+        let mut recorded: BTreeMap<i64, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        for lease in &snapshot.leases {
+            let keys = lease.keys.iter().cloned().collect();
+            if recorded.insert(lease.id, keys).is_some() {
+                return Err(CodecError::Inconsistent(format!(
+                    "lease {} appears twice",
+                    lease.id
+                )));
+            }
+        }
+        for (lease, keys) in &self.attached {
+            if recorded.get(lease) != Some(keys) {
+                return Err(CodecError::Inconsistent(format!(
+                    "lease {lease} does not record the keys attached to it"
+                )));
+            }
+        }
+        if let Some((lease, _)) = recorded
+            .iter()
+            .find(|(lease, keys)| !keys.is_empty() && !self.attached.contains_key(lease))
+        {
+            return Err(CodecError::Inconsistent(format!(
+                "lease {lease} records keys that are not attached to it"
+            )));
+        }
+        AuthStore::from_snapshot(snapshot.auth.clone()).map_err(CodecError::Inconsistent)?;
+        Ok(())
+    }
 }
 
 /// Bytes [`SnapshotSource::write_to`] gathers before handing them on.

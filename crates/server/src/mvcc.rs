@@ -225,9 +225,16 @@ pub fn record_of(version: &Version) -> Record {
     }
 }
 
+/// The highest revision a snapshot or a store on disk may stand at: 2^62,
+/// more writes than any store makes in its life, with room above it so
+/// that the next revision (and a key's next version, which is never above
+/// its revision) cannot wrap. A snapshot that claims more is damaged or
+/// forged, and refused before anything is applied on top of it.
+pub const REVISION_MAX: i64 = 1 << 62;
+
 /// Checks that a store's revision and compaction fit together.
 pub fn check_positions(revision: i64, compacted_revision: i64) -> Result<(), String> {
-    if revision < 1 || compacted_revision < 0 || compacted_revision > revision {
+    if !(1..=REVISION_MAX).contains(&revision) || !(0..=revision).contains(&compacted_revision) {
         return Err(format!(
             "revision {revision} and compacted revision {compacted_revision} do not fit"
         ));
@@ -256,6 +263,20 @@ impl SnapshotVersionCheck {
             return Err(format!(
                 "version of key {:?} has revision {}",
                 String::from_utf8_lossy(&kv.key),
+                kv.mod_revision
+            ));
+        }
+        // A key is created at or before each of its revisions, and puts
+        // it at most once per revision: its version and creation are never
+        // above the revision (which keeps its next version from wrapping).
+        if !(0..=kv.mod_revision).contains(&kv.version)
+            || !(0..=kv.mod_revision).contains(&kv.create_revision)
+        {
+            return Err(format!(
+                "version {} of key {:?}, created at {}, does not fit its revision {}",
+                kv.version,
+                String::from_utf8_lossy(&kv.key),
+                kv.create_revision,
                 kv.mod_revision
             ));
         }

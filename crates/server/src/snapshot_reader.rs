@@ -88,8 +88,11 @@ impl<'a> SnapshotReader<'a> {
         self.at = 0;
         while self.buffer.len() < wanted && !self.eof {
             let start = self.buffer.len();
-            let room = wanted.max(READ_BYTES) - start;
-            self.buffer.resize(start + room, 0);
+            // Room for one read, not for all that is wanted: what is wanted
+            // comes from a length field, which may claim any size up to
+            // FIELD_BYTES_MAX, and memory is spent on bytes that arrived,
+            // not on bytes a damaged or forged snapshot only announces.
+            self.buffer.resize(start + READ_BYTES, 0);
             let read = loop {
                 match self.source.read(&mut self.buffer[start..]) {
                     Ok(read) => break read,
@@ -217,5 +220,47 @@ impl<'a> SnapshotReader<'a> {
         }
         ferrypb::Snapshot::decode(self.small.as_slice())
             .map_err(|e| CodecError::Malformed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source that records the largest buffer it was handed to fill.
+    struct Recording<'a> {
+        data: &'a [u8],
+        largest_buffer_bytes: usize,
+    }
+
+    impl Read for Recording<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            self.largest_buffer_bytes = self.largest_buffer_bytes.max(out.len());
+            self.data.read(out)
+        }
+    }
+
+    /// Found by fuzzing (`crates/fuzz`, kv_snapshot): a snapshot of a few
+    /// bytes whose first field announced 60 MiB made the reader allocate
+    /// and zero 60 MiB before it found the bytes missing. Memory now goes
+    /// only to bytes that arrive, one read at a time.
+    #[test]
+    fn a_field_announcing_more_than_arrives_allocates_only_what_arrives() {
+        let mut snapshot = SNAPSHOT_MAGIC.to_vec();
+        snapshot.push((FIELD_VERSIONS << 3 | 2) as u8);
+        prost::encoding::encode_varint(60 << 20, &mut snapshot);
+        snapshot.extend_from_slice(&[0u8; 100]);
+        let mut source = Recording {
+            data: &snapshot,
+            largest_buffer_bytes: 0,
+        };
+        let mut reader = SnapshotReader::new(&mut source).unwrap();
+        assert!(matches!(
+            reader.next_version(),
+            Err(CodecError::Truncated { .. })
+        ));
+        assert!(reader.buffer.capacity() <= 2 * READ_BYTES);
+        drop(reader);
+        assert!(source.largest_buffer_bytes <= READ_BYTES);
     }
 }

@@ -29,6 +29,7 @@
 //! holds the state lock briefly however far behind its watchers are.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -871,9 +872,12 @@ impl WatchHub {
         let mut scans: BTreeMap<ScanKey, Scan> = BTreeMap::new();
         let mut scans_run = 0usize;
         // Watchers in turn, starting after the one the last drain ended at.
+        // (Bounds, not `drain_after + 1`: a client picks watch ids, up to
+        // i64::MAX, and one past it does not exist.)
+        let after = (Bound::Excluded(stream.drain_after), Bound::Unbounded);
         let order: Vec<i64> = stream
             .watchers
-            .range(stream.drain_after + 1..)
+            .range(after)
             .chain(stream.watchers.range(..=stream.drain_after))
             .map(|(id, _)| *id)
             .collect();

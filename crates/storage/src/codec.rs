@@ -239,9 +239,21 @@ impl Decoder {
             if id == 0 {
                 return Err(DecodeError::Invalid("node id 0 in a configuration"));
             }
-            if !set.insert(id) {
-                return Err(DecodeError::Invalid("duplicate node id in a configuration"));
+            // Ascending, as the encoder writes a set: ids in another order
+            // would decode to a configuration that encodes to other bytes
+            // (one value, two encodings), which no writer wrote.
+            match set.last() {
+                Some(last) if *last == id => {
+                    return Err(DecodeError::Invalid("duplicate node id in a configuration"))
+                }
+                Some(last) if *last > id => {
+                    return Err(DecodeError::Invalid(
+                        "node ids of a configuration out of order",
+                    ))
+                }
+                _ => {}
             }
+            set.insert(id);
         }
         Ok(set)
     }
@@ -258,8 +270,14 @@ impl Decoder {
         let term = self.u64()?;
         let at = self.pos;
         let vote = match self.u8()? {
+            // The voter's place is zero without a vote: any other value
+            // would decode to a hard state that encodes to other bytes.
             0 => {
-                self.u64()?;
+                if self.u64()? != 0 {
+                    return Err(DecodeError::Invalid(
+                        "a hard state without a vote names a voter",
+                    ));
+                }
                 None
             }
             1 => Some(self.u64()?),
@@ -492,7 +510,11 @@ impl WalRecord {
                         let at = d.position();
                         match d.u8()? {
                             0 => {
-                                d.u64()?;
+                                if d.u64()? != 0 {
+                                    return Err(DecodeError::Invalid(
+                                        "a segment header without a previous segment gives its length",
+                                    ));
+                                }
                                 None
                             }
                             1 => Some(d.u64()?),
@@ -523,7 +545,7 @@ impl WalRecord {
             3 => {
                 let group = d.u64()?;
                 let seq = d.u64()?;
-                let at = d.remaining();
+                let at = d.position();
                 let hard_state = match d.u8()? {
                     0 => None,
                     1 => Some(d.hard_state()?),
@@ -813,6 +835,73 @@ mod tests {
             let whole_frame_valid = matches!(read_frame(&buf, 0), FrameRead::Valid { end, .. } if end == buf.len());
             prop_assert!(!whole_frame_valid);
         }
+    }
+
+    /// Found by fuzzing (`crates/fuzz`, peer_message and wal_record): a
+    /// configuration whose ids were not in ascending order decoded to a
+    /// set that encodes to other bytes, so two byte strings (one of which
+    /// no writer wrote) read as one configuration.
+    #[test]
+    fn a_configuration_listed_out_of_order_is_refused() {
+        let set = |ids: &[u64]| {
+            let mut enc = Encoder::default();
+            enc.u32(ids.len() as u32);
+            for id in ids {
+                enc.u64(*id);
+            }
+            enc.u32(0);
+            enc.u32(0);
+            Bytes::from(enc.into_inner())
+        };
+        assert_eq!(
+            Decoder::new(set(&[3, 1])).configuration(),
+            Err(DecodeError::Invalid(
+                "node ids of a configuration out of order"
+            ))
+        );
+        assert_eq!(
+            Decoder::new(set(&[2, 2])).configuration(),
+            Err(DecodeError::Invalid("duplicate node id in a configuration"))
+        );
+        let mut ordered = Decoder::new(set(&[1, 3, 1 << 40]));
+        assert_eq!(
+            ordered.configuration().unwrap().voters,
+            [1, 3, 1 << 40].into()
+        );
+    }
+
+    /// Found by fuzzing (`crates/fuzz`, wal_record): the voter of a hard
+    /// state without a vote, and the previous length of a segment header
+    /// without a previous segment, were read and thrown away, so any value
+    /// there decoded to the record that encodes with zero. No writer
+    /// writes anything but zero there.
+    #[test]
+    fn fields_of_an_absent_value_that_are_not_zero_are_refused() {
+        let mut hard_state = Encoder::default();
+        hard_state.u64(3);
+        hard_state.u8(0);
+        hard_state.u64(2);
+        hard_state.u64(1);
+        assert_eq!(
+            Decoder::new(Bytes::from(hard_state.into_inner())).hard_state(),
+            Err(DecodeError::Invalid(
+                "a hard state without a vote names a voter"
+            ))
+        );
+        let header = WalRecord::SegmentHeader {
+            segment: 4,
+            version: WAL_FORMAT_VERSION,
+            previous_len: None,
+        };
+        let mut enc = Encoder::default();
+        header.encode(&mut enc);
+        let mut bytes = enc.into_inner();
+        let last = bytes.len() - 1;
+        bytes[last] = 0x10;
+        assert!(matches!(
+            WalRecord::decode(Bytes::from(bytes)),
+            Err(DecodeError::Invalid(_))
+        ));
     }
 
     #[test]

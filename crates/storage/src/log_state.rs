@@ -207,7 +207,10 @@ impl LogState {
         let segment = d.u64().map_err(|e| err(&d, e))?;
         let len = d.u64().map_err(|e| err(&d, e))?;
         let sealed = match flag {
-            0 => None,
+            // Zeros without a sealed segment, as written: other values would
+            // decode to a state that encodes to other bytes.
+            0 if segment == 0 && len == 0 => None,
+            0 => return Err((at(&d), "a sealed segment's fields without one".into())),
             1 => Some(SealedSegment { segment, len }),
             tag => return Err((at(&d), format!("unknown sealed-segment flag {tag}"))),
         };
@@ -221,13 +224,27 @@ impl LogState {
             let flag = d.u8().map_err(|e| err(&d, e))?;
             let id = d.u64().map_err(|e| err(&d, e))?;
             let vote = match flag {
-                0 => None,
+                0 if id == 0 => None,
+                0 => {
+                    return Err((
+                        at(&d),
+                        format!("group {group} has no vote but names a voter"),
+                    ))
+                }
                 1 => Some(id),
                 tag => return Err((at(&d), format!("unknown vote flag {tag}"))),
             };
-            if votes.insert(group, Vote { term, vote }).is_some() {
-                return Err((at(&d), format!("group {group} is listed twice")));
+            // In ascending order, as written (one state, one encoding).
+            match votes.last_key_value() {
+                Some((last, _)) if *last == group => {
+                    return Err((at(&d), format!("group {group} is listed twice")))
+                }
+                Some((last, _)) if *last > group => {
+                    return Err((at(&d), format!("group {group} is listed out of order")))
+                }
+                _ => {}
             }
+            votes.insert(group, Vote { term, vote });
         }
         d.finish().map_err(|e| err(&d, e))?;
         Ok(LogState {
@@ -385,6 +402,49 @@ mod tests {
         assert!(LogState::decode(&longer).is_err());
         let empty = LogState::default();
         assert_eq!(LogState::decode(&empty.encode()).unwrap(), empty);
+    }
+
+    /// Found by fuzzing (`crates/fuzz`, log_state): the fields of an
+    /// absent sealed segment or vote were not checked to be zero, and the
+    /// groups not checked to be in order, so bytes no writer writes decoded
+    /// to a state that encodes to other bytes.
+    #[test]
+    fn a_state_with_stray_fields_or_groups_out_of_order_is_refused() {
+        let state = |sealed: (u8, u64, u64), votes: &[(u64, u8, u64)]| {
+            let mut enc = Encoder::default();
+            enc.u64(LOG_STATE_MAGIC);
+            enc.u32(LOG_STATE_FORMAT_VERSION);
+            enc.u64(7);
+            enc.u8(sealed.0);
+            enc.u64(sealed.1);
+            enc.u64(sealed.2);
+            enc.u32(votes.len() as u32);
+            for (group, flag, id) in votes {
+                enc.u64(*group);
+                enc.u64(1);
+                enc.u8(*flag);
+                enc.u64(*id);
+            }
+            let mut out = Vec::new();
+            frame(&mut out, &enc.into_inner());
+            out
+        };
+        assert!(LogState::decode(&state((0, 0, 0), &[(1, 0, 0), (2, 1, 3)])).is_ok());
+        for (what, bytes) in [
+            ("no sealed segment, but its number", state((0, 6, 0), &[])),
+            (
+                "no sealed segment, but its length",
+                state((0, 0, 4096), &[]),
+            ),
+            ("no vote, but a voter", state((0, 0, 0), &[(1, 0, 2)])),
+            (
+                "groups out of order",
+                state((0, 0, 0), &[(2, 0, 0), (1, 0, 0)]),
+            ),
+            ("a group twice", state((0, 0, 0), &[(2, 0, 0), (2, 0, 0)])),
+        ] {
+            assert!(LogState::decode(&bytes).is_err(), "{what}: decoded");
+        }
     }
 
     #[test]

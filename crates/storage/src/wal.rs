@@ -1495,14 +1495,65 @@ impl<D: Disk> Wal<D> {
     }
 }
 
-/// Where the first valid record at or after `from` in `buf` starts, if any.
-fn valid_record_after(buf: &[u8], from: usize) -> Option<usize> {
-    (from..buf.len().saturating_sub(FRAME_HEADER_BYTES - 1)).find(|&at| match read_frame(buf, at) {
-        FrameRead::Valid { start, end } => {
-            WalRecord::decode(Bytes::copy_from_slice(&buf[start..end])).is_ok()
+/// The bytes [`search_after_damage`] may checksum, per byte it searches,
+/// beyond [`DAMAGE_SEARCH_CHECKSUM_BYTES_MIN`]. Every offset after damage
+/// is a candidate record, and a candidate whose length field fits the bytes
+/// after it costs a checksum over that length: bytes crafted so that most
+/// offsets fit (or, rarely, noise) would make the search quadratic (a
+/// damaged tail of 1 MiB took seconds, one of 64 MiB would take hours).
+/// Real damage costs far less: a torn tail reads as zeros (no length fits)
+/// and damage in the middle has whole records right after it.
+const DAMAGE_SEARCH_CHECKSUM_BYTES_PER_BYTE: u64 = 64;
+/// The bytes [`search_after_damage`] may always checksum.
+const DAMAGE_SEARCH_CHECKSUM_BYTES_MIN: u64 = 256 << 20;
+
+/// What a search for valid records after damage found.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterDamage {
+    /// A valid record starts here.
+    ValidRecord(usize),
+    /// No valid record follows the damage.
+    Nothing,
+    /// The search would take longer than its budget: the bytes after the
+    /// damage are not what a torn write leaves.
+    TooCostly {
+        /// Bytes checksummed before the search gave up.
+        checksummed_bytes: u64,
+    },
+}
+
+/// Looks for the first valid record at or after `from` in `buf`, with work
+/// bounded by the bytes searched (see
+/// [`DAMAGE_SEARCH_CHECKSUM_BYTES_PER_BYTE`]).
+fn search_after_damage(buf: &[u8], from: usize) -> AfterDamage {
+    let searched_bytes = buf.len().saturating_sub(from) as u64;
+    let budget_bytes = DAMAGE_SEARCH_CHECKSUM_BYTES_MIN
+        .saturating_add(searched_bytes.saturating_mul(DAMAGE_SEARCH_CHECKSUM_BYTES_PER_BYTE));
+    let mut checksummed_bytes: u64 = 0;
+    for at in from..buf.len().saturating_sub(FRAME_HEADER_BYTES - 1) {
+        // What read_frame checksums at `at`: the length field and the
+        // payload, if the payload fits the buffer (nothing otherwise).
+        let Some(length) = buf.get(at..at + 4) else {
+            break;
+        };
+        let len = u64::from(u32::from_le_bytes([
+            length[0], length[1], length[2], length[3],
+        ]));
+        let fits = len <= codec::RECORD_BYTES_MAX
+            && (at + FRAME_HEADER_BYTES) as u64 + len <= buf.len() as u64;
+        if fits {
+            checksummed_bytes = checksummed_bytes.saturating_add(4 + len);
+            if checksummed_bytes > budget_bytes {
+                return AfterDamage::TooCostly { checksummed_bytes };
+            }
         }
-        _ => false,
-    })
+        if let FrameRead::Valid { start, end } = read_frame(buf, at) {
+            if WalRecord::decode(Bytes::copy_from_slice(&buf[start..end])).is_ok() {
+                return AfterDamage::ValidRecord(at);
+            }
+        }
+    }
+    AfterDamage::Nothing
 }
 
 /// What a segment's header says: its format version and the length its
@@ -1536,9 +1587,22 @@ fn replay_segment(
                 // batch could in theory look like that, but refusing to start
                 // is the safe side, while cutting synced records would
                 // silently lose acknowledged writes.
-                let torn = is_last && valid_record_after(buf, at + 1).is_none();
-                if torn {
-                    return Ok((at, header));
+                if is_last {
+                    match search_after_damage(buf, at + 1) {
+                        AfterDamage::Nothing => return Ok((at, header)),
+                        AfterDamage::ValidRecord(_) => {}
+                        AfterDamage::TooCostly { checksummed_bytes } => {
+                            return Err(replay.corrupt(
+                                at as u64,
+                                format!(
+                                    "damaged tail of {} bytes: searching it for valid records \
+                                     gave up after checksumming {checksummed_bytes} bytes (a \
+                                     torn write leaves nothing this costly to search)",
+                                    buf.len() - at
+                                ),
+                            ))
+                        }
+                    }
                 }
                 let reason = match bad {
                     FrameRead::Incomplete => "segment ends inside a record".to_string(),

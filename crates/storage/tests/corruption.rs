@@ -373,3 +373,50 @@ fn random_sector_damage_never_yields_wrong_data() {
     eprintln!("random sector damage: {refused} refused, {cut} cut as torn tails, {unharmed} unharmed (unused bytes)");
     assert!(refused > 200, "{refused}");
 }
+
+/// Replaces the last segment with its content followed by `tail`.
+fn append_to_last_segment(disk: &SimDisk, tail: &[u8]) -> PathBuf {
+    use ferry_storage::DiskFile;
+    let segs = segments(disk);
+    let seg = segs.last().unwrap().clone();
+    let mut data = disk.read_all(&seg).unwrap();
+    data.extend_from_slice(tail);
+    let file = disk.create(&seg).unwrap();
+    file.append(&data).unwrap();
+    file.sync_data().unwrap();
+    seg
+}
+
+/// Found by fuzzing (`crates/fuzz`, wal_segment): deciding whether damage
+/// at the end of the last segment is a torn write checksummed, from every
+/// offset after it, every record length that fit the bytes left, so a
+/// tail built with such lengths at every fourth byte took seconds for
+/// 1 MiB (and hours for a whole segment). The search is now bounded by
+/// the bytes it searches; a tail that exceeds it is not a torn write.
+#[test]
+fn a_damaged_tail_too_costly_to_search_is_refused_in_bounded_time() {
+    let tail_bytes = 4usize << 20;
+    // At every fourth offset, a length of half the tail.
+    let pattern = ((tail_bytes / 2) as u32).to_le_bytes();
+    let crafted: Vec<u8> = pattern.iter().copied().cycle().take(tail_bytes).collect();
+    let disk = SimDisk::with_seed(11);
+    populate(&disk);
+    let seg = append_to_last_segment(&disk, &crafted);
+    let started = std::time::Instant::now();
+    let text = expect_corrupt(&disk, &seg, u64::MAX);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(text.contains("gave up"), "{text}");
+    // A torn tail as a real disk leaves it, zeros, is still cut at once.
+    let disk = SimDisk::with_seed(11);
+    let model = populate(&disk);
+    append_to_last_segment(&disk, &vec![0u8; tail_bytes]);
+    let started = std::time::Instant::now();
+    let (s, report) = Storage::open(disk.clone(), &dir(), options()).unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(report.wal.truncated_bytes, tail_bytes as u64);
+    matches_model(&s, &report.groups, &model).unwrap();
+}

@@ -156,3 +156,98 @@ fn a_damaged_or_cut_backup_is_refused_and_restores_nothing() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A backup of `snapshot` (encoded as a member streams it), with a valid
+/// crc32c, padding, length and SHA-256 around it.
+fn backup_holding(snapshot: &crate::pb::ferrypb::Snapshot) -> Vec<u8> {
+    use prost::Message;
+    let mut bytes = b"FERRYKV1".to_vec();
+    bytes.extend_from_slice(&snapshot.encode_to_vec());
+    let crc = crc32c::crc32c(&bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+    let content_bytes = bytes.len() as u64;
+    let padding = (512 - (content_bytes + 8) % 512) % 512;
+    bytes.resize(bytes.len() + padding as usize, 0);
+    bytes.extend_from_slice(&content_bytes.to_le_bytes());
+    let hash = digest(&SHA256, &bytes);
+    bytes.extend_from_slice(hash.as_ref());
+    bytes
+}
+
+/// Found by fuzzing (`crates/fuzz`, backup_file): `ferry snapshot status`
+/// called a backup whole whose key was attached to a lease that did not
+/// record it (or whose versions were out of order), which `ferry snapshot
+/// restore` then refused. Status makes every check restore makes.
+#[test]
+fn a_backup_that_restore_would_refuse_is_refused_by_status_too() {
+    use crate::pb::ferrypb::{Snapshot, SnapshotLease, SnapshotVersion};
+    use crate::pb::mvccpb::KeyValue;
+    let version = |key: &str, revision: i64, lease: i64| SnapshotVersion {
+        kv: Some(KeyValue {
+            key: key.into(),
+            create_revision: revision,
+            mod_revision: revision,
+            version: 1,
+            value: b"v".to_vec(),
+            lease,
+        }),
+        sub_revision: 0,
+        tombstone: false,
+    };
+    let whole = Snapshot {
+        applied_index: 3,
+        revision: 3,
+        lease_id_next: 8,
+        versions: vec![version("a", 2, 0), version("b", 3, 7)],
+        leases: vec![SnapshotLease {
+            id: 7,
+            granted_ttl_seconds: 60,
+            keys: vec![b"b".to_vec()],
+        }],
+        ..Snapshot::default()
+    };
+    let dir = ferry_storage::unique_temp_dir("backup-inconsistent");
+    let file = write(&dir, "whole.db", &backup_holding(&whole));
+    assert!(backup::inspect(&file).is_ok());
+    let unrecorded = Snapshot {
+        leases: Vec::new(),
+        ..whole.clone()
+    };
+    let out_of_order = Snapshot {
+        versions: vec![version("b", 3, 7), version("a", 2, 0)],
+        ..whole.clone()
+    };
+    let duplicate_lease = Snapshot {
+        leases: [whole.leases.clone(), whole.leases.clone()].concat(),
+        ..whole.clone()
+    };
+    let past_the_last_revision = Snapshot {
+        revision: i64::MAX,
+        ..whole.clone()
+    };
+    for (i, (what, snapshot)) in [
+        ("a key its lease does not record", unrecorded),
+        ("versions out of order", out_of_order),
+        ("a lease listed twice", duplicate_lease),
+        ("a revision past the last", past_the_last_revision),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = write(
+            &dir,
+            &format!("inconsistent-{i}.db"),
+            &backup_holding(&snapshot),
+        );
+        assert!(
+            matches!(backup::inspect(&file), Err(BackupError::Snapshot { .. })),
+            "{what}: inspected as whole"
+        );
+        let data_dir = dir.join(format!("node-{i}"));
+        assert!(
+            backup::restore(&file, &data_dir, KvLimits::default()).is_err(),
+            "{what}: restored"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

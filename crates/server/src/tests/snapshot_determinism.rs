@@ -119,3 +119,113 @@ proptest! {
         let _ = KvState::restore(&bytes, KvLimits::default());
     }
 }
+
+/// A snapshot of `snapshot` as a member sends it: magic, protobuf, crc32c.
+fn sealed(snapshot: &crate::pb::ferrypb::Snapshot) -> Vec<u8> {
+    use prost::Message;
+    let mut bytes = b"FERRYKV1".to_vec();
+    bytes.extend_from_slice(&snapshot.encode_to_vec());
+    let crc = crc32c::crc32c(&bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// Found by fuzzing (`crates/fuzz`, kv_snapshot with extreme values): a
+/// snapshot at revision i64::MAX restored, and the next write computed
+/// revision + 1, which wrapped (a panic with overflow checks, a negative
+/// revision without). Snapshots past `REVISION_MAX` are refused, and a
+/// store that reaches it takes no more writes (so its own snapshot always
+/// restores).
+#[test]
+fn a_snapshot_at_a_revision_with_no_room_after_it_is_refused() {
+    use crate::mvcc::REVISION_MAX;
+    use crate::pb::ferrypb::Snapshot;
+    for revision in [i64::MAX, i64::MAX - 1, REVISION_MAX + 1] {
+        let snapshot = Snapshot {
+            applied_index: 5,
+            revision,
+            compacted_revision: revision,
+            lease_id_next: 1,
+            ..Snapshot::default()
+        };
+        assert!(
+            matches!(
+                KvState::restore(&sealed(&snapshot), KvLimits::default()),
+                Err(CodecError::Inconsistent(_))
+            ),
+            "revision {revision} restored"
+        );
+    }
+    let at_the_last = Snapshot {
+        applied_index: 5,
+        revision: REVISION_MAX,
+        compacted_revision: REVISION_MAX,
+        lease_id_next: i64::MAX,
+        ..Snapshot::default()
+    };
+    let mut kv = KvState::restore(&sealed(&at_the_last), KvLimits::default()).unwrap();
+    let applied = kv.apply(6, &put_cmd("a", "1"));
+    assert_eq!(
+        applied.response,
+        Err(crate::error::KvError::RevisionsExhausted)
+    );
+    assert_eq!(applied.revision, REVISION_MAX);
+    let granted = kv.apply(7, &grant_cmd(0, 30));
+    assert!(granted.response.is_ok(), "{granted:?}");
+    // Its own snapshot restores: the state never goes past the last revision.
+    let again = KvState::restore(&kv.snapshot().unwrap(), KvLimits::default()).unwrap();
+    assert_eq!(again, kv);
+    let one_before = Snapshot {
+        revision: REVISION_MAX - 1,
+        compacted_revision: 0,
+        ..at_the_last
+    };
+    let mut kv = KvState::restore(&sealed(&one_before), KvLimits::default()).unwrap();
+    assert!(kv.apply(6, &put_cmd("a", "1")).response.is_ok());
+    assert_eq!(
+        kv.apply(7, &put_cmd("a", "2")).response,
+        Err(crate::error::KvError::RevisionsExhausted)
+    );
+    assert_eq!(kv.store().revision(), REVISION_MAX);
+}
+
+/// Found by fuzzing (the same target): a version whose `version` (or
+/// creation) is above its own revision can be at i64::MAX, and the next
+/// put of its key computed version + 1. Such a version is refused.
+#[test]
+fn a_version_above_its_revision_is_refused() {
+    use crate::pb::ferrypb::{Snapshot, SnapshotVersion};
+    use crate::pb::mvccpb::KeyValue;
+    let with = |version: i64, create_revision: i64| Snapshot {
+        applied_index: 2,
+        revision: 2,
+        lease_id_next: 1,
+        versions: vec![SnapshotVersion {
+            kv: Some(KeyValue {
+                key: b"a".to_vec(),
+                create_revision,
+                mod_revision: 2,
+                version,
+                value: b"v".to_vec(),
+                lease: 0,
+            }),
+            sub_revision: 0,
+            tombstone: false,
+        }],
+        ..Snapshot::default()
+    };
+    for (version, create_revision) in [(i64::MAX, 2), (3, 2), (-1, 2), (1, 3), (1, -1)] {
+        assert!(
+            matches!(
+                KvState::restore(
+                    &sealed(&with(version, create_revision)),
+                    KvLimits::default()
+                ),
+                Err(CodecError::Inconsistent(_))
+            ),
+            "version {version} created at {create_revision} restored"
+        );
+    }
+    let mut kv = KvState::restore(&sealed(&with(2, 1)), KvLimits::default()).unwrap();
+    assert!(kv.apply(3, &put_cmd("a", "2")).response.is_ok());
+}

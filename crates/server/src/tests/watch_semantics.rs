@@ -403,6 +403,38 @@ fn negative_watch_ids_are_refused() {
     assert_eq!(hub.machine.watches.watcher_count(), 0);
 }
 
+/// Found by fuzzing (`crates/fuzz`, gRPC requests with extreme values): a
+/// watcher a client numbered i64::MAX made the next drain compute the id
+/// after it, which overflowed (a panic with overflow checks, and a drain
+/// that visited every watcher twice without them).
+#[test]
+fn a_watch_id_of_i64_max_is_drained_once_with_the_others() {
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    for watch_id in [i64::MAX, 0, 5] {
+        hub.machine.watch_create(
+            stream,
+            &WatchCreateRequest {
+                watch_id,
+                ..watch("k", "", 0)
+            },
+        );
+    }
+    let created = hub.drain_all(stream);
+    assert_eq!(
+        created.iter().filter(|r| r.created && !r.canceled).count(),
+        3
+    );
+    hub.apply(put_cmd("k", "1"));
+    let out = hub.drain_all(stream);
+    for watch_id in [i64::MAX, 5] {
+        assert_eq!(events_of(&out, watch_id).len(), 1, "{out:?}");
+    }
+    hub.apply(put_cmd("k", "2"));
+    let out = hub.drain_all(stream);
+    assert_eq!(events_of(&out, i64::MAX).len(), 1, "{out:?}");
+}
+
 mod model {
     //! Random interleavings of writes, compactions, watcher creation and
     //! draining, checked against the log of everything the store applied.
