@@ -345,7 +345,7 @@ pub fn write(records: &[Record], out: impl Write) -> std::io::Result<()> {
     out.flush()
 }
 
-/// Reads a history written by [`write`]: a header of this version, then
+/// Reads a history written by [`write()`]: a header of this version, then
 /// records. Blank lines are skipped.
 pub fn read(input: impl BufRead) -> Result<Vec<Record>, ReadError> {
     let mut records = Vec::new();
