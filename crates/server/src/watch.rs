@@ -13,7 +13,12 @@
 //! from the MVCC history when its stream drains it, a bounded batch at a
 //! time, until it is synced again; one that starts at a future revision
 //! waits in a list by that revision. So the store never blocks on a
-//! watcher and a watcher's memory is bounded. A watcher that falls behind
+//! watcher and a watcher's memory is bounded. The last revisions' events
+//! are kept too, in a ring bounded in bytes, while any stream is open: a
+//! watcher that fell behind by less than the ring holds catches up from
+//! it, as etcd's catches up from a store keyed by revision, not from a
+//! scan of the store's recent changes (which costs as much as every change
+//! since the last flush, and a look-up of each event's previous value). A watcher that falls behind
 //! the compacted revision, or more than `lag_revisions_max` behind the
 //! store, is cancelled with a reason.
 //!
@@ -76,6 +81,9 @@ pub struct WatchLimits {
     pub lag_revisions_max: i64,
     /// Watch streams open at once on this node.
     pub streams_max: usize,
+    /// Bytes of the last revisions' events kept for watchers that fall
+    /// behind (0: none; they all catch up from the store).
+    pub recent_bytes_max: usize,
 }
 
 impl Default for WatchLimits {
@@ -90,6 +98,7 @@ impl Default for WatchLimits {
             watchers_per_stream_max: 4096,
             lag_revisions_max: 1_000_000,
             streams_max: 65_536,
+            recent_bytes_max: 16 << 20,
         }
     }
 }
@@ -328,6 +337,89 @@ pub struct WatchHub {
     /// Bytes queued on this node: the sum of the streams' `queued_bytes`.
     queued_bytes: usize,
     tracking: Tracking,
+    recent: Recent,
+    /// Catch-ups served from `recent`, and from the store's history.
+    catch_ups_from_recent: u64,
+    catch_ups_from_store: u64,
+}
+
+/// The events of the last revisions, every one through
+/// [`Tracking::synced_revision`] with none missing, oldest first, each with
+/// its previous value; at most [`WatchLimits::recent_bytes_max`] bytes.
+#[derive(Debug, Default)]
+struct Recent {
+    revisions: VecDeque<(i64, Vec<SharedEvent>)>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn clear(&mut self) {
+        self.revisions.clear();
+        self.bytes = 0;
+    }
+
+    /// Adds the next revision's events, dropping the oldest past the bound.
+    fn push(&mut self, revision: i64, events: Vec<(SharedEvent, usize)>, bytes_max: usize) {
+        debug_assert!(self
+            .revisions
+            .back()
+            .is_none_or(|(last, _)| *last + 1 == revision));
+        let bytes: usize = events.iter().map(|(_, size)| size).sum();
+        self.bytes += bytes;
+        self.revisions.push_back((
+            revision,
+            events.into_iter().map(|(event, _)| event).collect(),
+        ));
+        while self.bytes > bytes_max {
+            let Some((_, dropped)) = self.revisions.pop_front() else {
+                break;
+            };
+            self.bytes = self
+                .bytes
+                .saturating_sub(dropped.iter().map(|e| event_size_bytes(e)).sum::<usize>());
+        }
+    }
+
+    /// The events of `range` from revision `from` through `to`, cut as the
+    /// store's history is (at a revision boundary, once `events_max` events
+    /// or `bytes_max` bytes are in); `None` when the ring does not hold
+    /// every revision from `from` through `to`.
+    fn history(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        to: i64,
+        events_max: usize,
+        bytes_max: usize,
+    ) -> Option<Vec<SharedEvent>> {
+        let (first, _) = self.revisions.front()?;
+        let (last, _) = self.revisions.back()?;
+        if from < *first || *last != to {
+            return None;
+        }
+        let skip = usize::try_from(from - first).ok()?;
+        let mut events = Vec::new();
+        let mut bytes = 0usize;
+        for (revision, revision_events) in self.revisions.iter().skip(skip) {
+            let mut started = false;
+            for event in revision_events {
+                let Some(kv) = event.kv.as_ref() else {
+                    continue;
+                };
+                if !range.contains(&kv.key) {
+                    continue;
+                }
+                if !started && (events.len() >= events_max || bytes >= bytes_max) {
+                    return Some(events);
+                }
+                started = true;
+                debug_assert_eq!(kv.mod_revision, *revision);
+                bytes = bytes.saturating_add(event_size_bytes(event));
+                events.push(event.clone());
+            }
+        }
+        Some(events)
+    }
 }
 
 fn header(revision: i64) -> Option<ResponseHeader> {
@@ -401,7 +493,7 @@ type ScanKey = (Vec<u8>, RangeEnd, i64);
 
 /// What one history scan found, shared by the watchers that asked for it.
 struct Scan {
-    events: Arc<Vec<Event>>,
+    events: Vec<SharedEvent>,
     /// Whether the scan reached the present (the batch bound did not cut).
     complete: bool,
 }
@@ -415,7 +507,16 @@ impl WatchHub {
             limits,
             queued_bytes: 0,
             tracking: Tracking::default(),
+            recent: Recent::default(),
+            catch_ups_from_recent: 0,
+            catch_ups_from_store: 0,
         }
+    }
+
+    /// Catch-up batches served from the last revisions kept in memory, and
+    /// from the store's history (for metrics and tests).
+    pub fn catch_ups(&self) -> (u64, u64) {
+        (self.catch_ups_from_recent, self.catch_ups_from_store)
     }
 
     /// Makes `current` the revision synced watchers have, when the
@@ -429,6 +530,8 @@ impl WatchHub {
             return;
         }
         let had = tracking.synced_revision;
+        // The revisions kept no longer lead up to the present.
+        self.recent.clear();
         *tracking = Tracking {
             synced_revision: current,
             ..Tracking::default()
@@ -733,6 +836,7 @@ impl WatchHub {
             limits,
             queued_bytes: node_queued_bytes,
             tracking,
+            recent,
             ..
         } = self;
         // Watchers that start at this revision are synced from here.
@@ -762,6 +866,16 @@ impl WatchHub {
         }
         tracking.synced_revision = revision;
         let mut shared = SharedRevision::new(events);
+        // Kept while anyone watches (with the previous values: the events
+        // a watcher with prev_kv gets; the others' are cut from them).
+        if streams.is_empty() || limits.recent_bytes_max == 0 {
+            recent.clear();
+        } else {
+            let kept = (0..events.len())
+                .filter_map(|index| shared.get(index, true))
+                .collect();
+            recent.push(revision, kept, limits.recent_bytes_max);
+        }
         for (stream_id, watchers) in concerned {
             let Some(stream) = streams.get_mut(&stream_id) else {
                 continue;
@@ -861,6 +975,9 @@ impl WatchHub {
         let tracking = &mut self.tracking;
         let synced = tracking.synced_revision;
         let node_queued_bytes = &mut self.queued_bytes;
+        let recent = &self.recent;
+        let catch_ups_from_recent = &mut self.catch_ups_from_recent;
+        let catch_ups_from_store = &mut self.catch_ups_from_store;
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return (Vec::new(), false);
         };
@@ -956,13 +1073,32 @@ impl WatchHub {
                     continue;
                 }
                 scans_run += 1;
-                let history = match store.history(
+                let from_recent = recent.history(
                     &watcher.range,
                     next_revision,
                     current,
                     limits.events_per_watcher_max,
                     limits.drain_bytes_max,
-                ) {
+                );
+                let history = match from_recent {
+                    Some(history) => {
+                        *catch_ups_from_recent += 1;
+                        Ok(history)
+                    }
+                    None => {
+                        *catch_ups_from_store += 1;
+                        store
+                            .history(
+                                &watcher.range,
+                                next_revision,
+                                current,
+                                limits.events_per_watcher_max,
+                                limits.drain_bytes_max,
+                            )
+                            .map(|events| events.into_iter().map(Arc::new).collect())
+                    }
+                };
+                let history: Vec<SharedEvent> = match history {
                     Ok(history) => history,
                     Err(error) => {
                         // This member cannot read its history: the client
@@ -972,11 +1108,12 @@ impl WatchHub {
                     }
                 };
                 let complete = history.len() < limits.events_per_watcher_max
-                    && history.iter().map(event_size_bytes).sum::<usize>() < limits.drain_bytes_max;
+                    && history.iter().map(|e| event_size_bytes(e)).sum::<usize>()
+                        < limits.drain_bytes_max;
                 scans.insert(
                     key.clone(),
                     Scan {
-                        events: Arc::new(history),
+                        events: history,
                         complete,
                     },
                 );

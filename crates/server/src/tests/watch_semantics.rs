@@ -185,6 +185,62 @@ fn slow_watcher_catches_up_from_history_without_blocking_the_store() {
 }
 
 #[test]
+fn a_watcher_behind_by_less_than_the_revisions_kept_catches_up_from_them_not_the_store() {
+    // The same history, with the last revisions kept and without: the
+    // same events in both, and only the second reads the store's history.
+    let mut seen = Vec::new();
+    for recent_bytes_max in [16 << 20, 0] {
+        let mut hub = Hub::new(WatchLimits {
+            events_per_watcher_max: 4,
+            recent_bytes_max,
+            ..WatchLimits::default()
+        });
+        let (stream, _) = hub.machine.watches.open_stream().unwrap();
+        hub.machine.watch_create(stream, &watch("k", "l", 0));
+        let mut with_prev = watch("k3", "", 0);
+        with_prev.prev_kv = true;
+        hub.machine.watch_create(stream, &with_prev);
+        let mut responses = hub.drain_all(stream);
+        for i in 0..100 {
+            hub.apply(put_cmd(&format!("k{}", i % 7), &i.to_string()));
+        }
+        hub.apply(delete_cmd("k3", ""));
+        responses.extend(hub.drain_all(stream));
+        let (from_recent, from_store) = hub.machine.watches.catch_ups();
+        if recent_bytes_max > 0 {
+            assert!(from_recent > 0, "{from_recent} from the revisions kept");
+            assert_eq!(from_store, 0);
+        } else {
+            assert_eq!(from_recent, 0);
+            assert!(from_store > 0);
+        }
+        let all = events_of(&responses, 0);
+        assert_eq!(all.len(), 101);
+        assert_eq!(
+            all.iter().map(|e| e.0).collect::<Vec<_>>(),
+            (2..=102).collect::<Vec<_>>()
+        );
+        let k3: Vec<_> = responses
+            .iter()
+            .filter(|r| r.watch_id == 1)
+            .flat_map(|r| r.events.iter().cloned())
+            .collect();
+        // Every change of k3 with its previous value (none for its first).
+        assert_eq!(k3.len(), 15);
+        assert!(k3[0].prev_kv.is_none());
+        assert!(k3[1..].iter().all(|e| e.prev_kv.is_some()));
+        // The other watcher's events carry no previous value.
+        assert!(responses
+            .iter()
+            .filter(|r| r.watch_id == 0)
+            .flat_map(|r| r.events.iter())
+            .all(|e| e.prev_kv.is_none()));
+        seen.push(responses);
+    }
+    assert_eq!(seen[0], seen[1]);
+}
+
+#[test]
 fn watch_from_a_compacted_revision_is_cancelled_with_the_compact_revision() {
     let mut hub = Hub::new(WatchLimits::default());
     for i in 0..5 {
@@ -600,8 +656,16 @@ fn indexed_watchers_see_exactly_their_events_through_falls_behind_and_random_dra
     use std::collections::{BTreeMap, BTreeSet};
     for seed in 0..30u64 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        // The last revisions kept: none, a few (so that catch-ups come from
+        // them or, when they reach further back, from the store), or plenty.
+        let recent_bytes_max = match seed % 3 {
+            0 => 0,
+            1 => 2_000,
+            _ => 16 << 20,
+        };
         let mut hub = Hub::new(WatchLimits {
             events_per_watcher_max: 3,
+            recent_bytes_max,
             ..WatchLimits::default()
         });
         let (stream, _) = hub.machine.watches.open_stream().unwrap();
