@@ -41,8 +41,10 @@
 #   WARMUP       warm-up requests per run, not measured [2000]
 #   SHAPES       load shapes, each CLIENTSxCONNECTIONS (requests in flight x
 #                gRPC connections, round-robin over the members); every
-#                workload runs in each [60x6 256x16, or CLIENTSxCONNECTIONS
-#                when either of those is given]
+#                workload runs in each [1x1 60x6 256x16, or
+#                CLIENTSxCONNECTIONS when either of those is given]
+#   REQUESTS_1X1 measured requests in the 1x1 shape, where each waits for
+#                the one before [3000]
 #   CLIENTS      requests in flight, for a single shape [60]
 #   CONNECTIONS  gRPC connections, for a single shape [6]
 #   KEY_SPACE    distinct keys [1000]
@@ -72,6 +74,12 @@
 # /proc/PID/io); and each member's resident memory (VmRSS) after it.
 # With a preload, both get --quota-backend-bytes of 8 GiB so that the
 # default 2 GiB quota does not stop the fill.
+#
+# The disk's own latency is measured beside them, before and after the
+# rounds: 1000 writes of 4 KiB, each followed by fdatasync (dd with
+# oflag=dsync) in the folder the members keep their data in. A put can
+# not be acknowledged sooner than one of those; the report compares the
+# 1-client put latency with it.
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -91,7 +99,8 @@ WARMUP="${WARMUP:-2000}"
 if [[ -n "${CLIENTS:-}${CONNECTIONS:-}" ]]; then
   SHAPES="${SHAPES:-${CLIENTS:-60}x${CONNECTIONS:-6}}"
 fi
-SHAPES="${SHAPES:-60x6 256x16}"
+SHAPES="${SHAPES:-1x1 60x6 256x16}"
+REQUESTS_1X1="${REQUESTS_1X1:-3000}"
 CLIENTS="${CLIENTS:-60}"
 CONNECTIONS="${CONNECTIONS:-6}"
 KEY_SPACE="${KEY_SPACE:-1000}"
@@ -341,7 +350,7 @@ run_one() {
     written_before="$(members_written_bytes)"
     # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
     output="$("$FERRY" bench --endpoints "$endpoints" --workload "$workload" \
-      --requests "$REQUESTS" --warmup-requests "$WARMUP" --clients "$CLIENTS" \
+      --requests "$RUN_REQUESTS" --warmup-requests "$WARMUP" --clients "$CLIENTS" \
       --connections "$CONNECTIONS" --key-space "$KEY_SPACE" --key-bytes "$KEY_BYTES" \
       --value-bytes "$VALUE_BYTES" $BENCH_ARGS 2>&1)"
     status=$?
@@ -413,12 +422,27 @@ if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
     "$PRELOAD_VALUE_BYTES bytes (about $((PRELOAD_KEYS * PRELOAD_VALUE_BYTES / 1000000)) MB)"
 fi
 
+# The mean time of one 4 KiB write + fdatasync on the data's disk, in us.
+fsync_probe_us() {
+  local out seconds
+  out="$(LC_ALL=C dd if=/dev/zero of="$DIR/fsync-probe" bs=4k count=1000 oflag=dsync 2>&1)"
+  rm -f "$DIR/fsync-probe"
+  seconds="$(sed -n 's/.* copied, \([0-9.e-]*\) s,.*/\1/p' <<<"$out")"
+  awk -v s="${seconds:-0}" 'BEGIN { printf "%.0f", s * 1e6 / 1000 }'
+}
+FSYNC_BEFORE_US="$(fsync_probe_us)"
+echo "bench-vs-etcd: disk: one 4 KiB write + fdatasync takes $FSYNC_BEFORE_US us (mean of 1000, before the rounds)"
+
 failures=0
 LABELS=""
 for workload in $WORKLOADS; do
   for shape in $SHAPES; do
     CLIENTS="${shape%x*}"
     CONNECTIONS="${shape#*x}"
+    RUN_REQUESTS="$REQUESTS"
+    if [[ "$shape" == 1x1 ]]; then
+      RUN_REQUESTS="$REQUESTS_1X1"
+    fi
     label="$workload@$shape"
     LABELS+="${LABELS:+ }$label"
     echo "== $workload, $CLIENTS clients on $CONNECTIONS connections"
@@ -430,6 +454,10 @@ for workload in $WORKLOADS; do
   done
 done
 echo "bench-vs-etcd: load after: $(uptime)"
+FSYNC_AFTER_US="$(fsync_probe_us)"
+FSYNC_US="$(( (FSYNC_BEFORE_US + FSYNC_AFTER_US) / 2 ))"
+echo "bench-vs-etcd: disk: one 4 KiB write + fdatasync takes $FSYNC_AFTER_US us after the rounds" \
+  "($FSYNC_BEFORE_US before; $FSYNC_US on average)"
 
 # The median of the numbers on stdin (the mean of the middle two for an
 # even count).
@@ -449,7 +477,7 @@ column_of() {
 }
 
 echo
-echo "Medians over $ROUNDS rounds ($REQUESTS requests each, workload@CLIENTSxCONNECTIONS," \
+echo "Medians over $ROUNDS rounds ($REQUESTS requests each, $REQUESTS_1X1 in 1x1; workload@CLIENTSxCONNECTIONS," \
   "$VALUE_BYTES-byte values); ratio = ferry/etcd"
 printf '%-30s %11s %11s %6s | %9s %9s %6s | %9s %9s %6s | %s\n' \
   workload "etcd req/s" "ferry req/s" ratio "etcd p50" "ferry p50" ratio "etcd p99" "ferry p99" ratio errors
@@ -488,6 +516,12 @@ for workload in $LABELS; do
     "$(column_of etcd "$workload" 13 | grep -v -- - | median)" \
     "$(column_of ferry "$workload" 13 | grep -v -- - | median)"
 done
+if [[ " $LABELS " == *" put@1x1 "* && "$FSYNC_US" -gt 0 ]]; then
+  e_p50="$(column_of etcd put@1x1 5 | median)"
+  f_p50="$(column_of ferry put@1x1 5 | median)"
+  echo "1-client put, p50 over one 4 KiB write + fdatasync ($FSYNC_US us):" \
+    "etcd $e_p50 us = $(ratio "$e_p50" "$FSYNC_US")x, ferry $f_p50 us = $(ratio "$f_p50" "$FSYNC_US")x"
+fi
 if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
   echo "(preloaded: $PRELOAD_KEYS keys of $PRELOAD_KEY_BYTES bytes with values of $PRELOAD_VALUE_BYTES bytes;" \
     "fill time, median: etcd $(column_of etcd "${LABELS%% *}" 14 | median) s," \

@@ -23,6 +23,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".etcdserverpb.AuthUserChangePasswordRequest",
             ".authpb.User",
         ])
+        // prost's codec with buffers sized for etcd's messages (see
+        // `src/grpc_codec.rs`).
+        .codec_path("crate::grpc_codec::EtcdCodec")
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors.clone())?;

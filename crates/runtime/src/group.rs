@@ -184,6 +184,9 @@ pub(crate) struct Group<M: StateMachine> {
     view: Arc<Mutex<GroupView>>,
     policy: SnapshotPolicy,
     actions: Vec<Action>,
+    /// Inputs taken since the worker last flushed this group: stepped
+    /// together (see [`Group::flush_batch`]).
+    batch: Vec<Input>,
     next_request: u64,
     waiting: HashMap<RequestId, Waiter<M>>,
     applying: BTreeMap<Index, (Term, Applying<M>)>,
@@ -237,6 +240,7 @@ impl<M: StateMachine> Group<M> {
             view,
             policy,
             actions: Vec::new(),
+            batch: Vec::new(),
             next_request: 1,
             waiting: HashMap::new(),
             applying: BTreeMap::new(),
@@ -316,9 +320,45 @@ impl<M: StateMachine> Group<M> {
         }
     }
 
-    /// Feeds one input and carries out every action it produces.
+    /// Feeds one input and carries out every action it produces (after
+    /// the inputs batched before it).
     fn step(&mut self, input: Input, out: &mut Outbox) {
+        self.flush_batch(out);
         self.step_unpublished(input, out);
+        self.publish();
+    }
+
+    /// Takes an input to be stepped with the others the worker takes in
+    /// the same turn: proposals arriving together then share one persist
+    /// request and one append per follower, and the acknowledgments and
+    /// forwarded requests of a moment are answered with one message per
+    /// peer, instead of one of each per input. The worker flushes the
+    /// batch before it waits for more ([`GroupRun::flush`]), and every
+    /// input that is stepped at once flushes it first, so the engine sees
+    /// the inputs in the order they came.
+    fn enqueue(&mut self, input: Input) {
+        self.batch.push(input);
+    }
+
+    /// Steps the batched inputs together ([`RaftNode::step_batch`]) and
+    /// carries out what they produce.
+    fn flush_batch(&mut self, out: &mut Outbox) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let mut inputs = std::mem::take(&mut self.batch);
+        if self.machine_failed.is_none() {
+            let mut actions = std::mem::take(&mut self.actions);
+            self.node.step_batch(inputs.drain(..), &mut actions);
+            for action in actions.drain(..) {
+                self.act(action, out);
+            }
+            self.actions = actions;
+        }
+        // Stopped: the engine takes nothing more, as on a crashed node
+        // (every caller was answered when it stopped).
+        inputs.clear();
+        self.batch = inputs;
         self.publish();
     }
 
@@ -339,7 +379,7 @@ impl<M: StateMachine> Group<M> {
         count
     }
 
-    fn request(&mut self, request: Request, waiter: Waiter<M>, out: &mut Outbox) {
+    fn request(&mut self, request: Request, waiter: Waiter<M>) {
         if let Some(error) = self.machine_failed_error() {
             waiter.fail(error);
             return;
@@ -347,7 +387,7 @@ impl<M: StateMachine> Group<M> {
         let id = RequestId(self.next_request);
         self.next_request += 1;
         self.waiting.insert(id, waiter);
-        self.step(Input::Client { id, request }, out);
+        self.enqueue(Input::Client { id, request });
     }
 
     fn act(&mut self, action: Action, out: &mut Outbox) {
@@ -805,8 +845,8 @@ fn machine_failed_text(index: Index, reason: &str) -> String {
 }
 
 impl<M: StateMachine> GroupRun for Group<M> {
-    fn message(&mut self, message: Message, out: &mut Outbox) {
-        self.step(Input::Message(message), out);
+    fn message(&mut self, message: Message, _out: &mut Outbox) {
+        self.enqueue(Input::Message(message));
     }
 
     fn peer(&mut self, peer: NodeId, up: bool, out: &mut Outbox) {
@@ -826,31 +866,26 @@ impl<M: StateMachine> GroupRun for Group<M> {
         };
         match *call {
             Call::Propose { command, reply } => {
-                self.request(Request::Propose(command), Waiter::Propose(reply), out)
+                self.request(Request::Propose(command), Waiter::Propose(reply))
             }
             Call::Query {
                 query,
                 consistency,
                 reply,
-            } => self.request(Request::Read(consistency), Waiter::Query(query, reply), out),
+            } => self.request(Request::Read(consistency), Waiter::Query(query, reply)),
             Call::Barrier { consistency, reply } => {
-                self.request(Request::Read(consistency), Waiter::Barrier(reply), out)
+                self.request(Request::Read(consistency), Waiter::Barrier(reply))
             }
-            Call::ChangeMembership { change, reply } => self.request(
-                Request::ChangeMembership(change),
-                Waiter::Membership(reply),
-                out,
-            ),
-            Call::TransferLeadership { to, reply } => self.request(
-                Request::TransferLeadership(to),
-                Waiter::Transfer(reply),
-                out,
-            ),
-            Call::Status { reply } => self.request(Request::Status, Waiter::Status(reply), out),
-            Call::Campaign { reply } => {
-                self.request(Request::Campaign, Waiter::Campaign(reply), out)
+            Call::ChangeMembership { change, reply } => {
+                self.request(Request::ChangeMembership(change), Waiter::Membership(reply))
             }
+            Call::TransferLeadership { to, reply } => {
+                self.request(Request::TransferLeadership(to), Waiter::Transfer(reply))
+            }
+            Call::Status { reply } => self.request(Request::Status, Waiter::Status(reply)),
+            Call::Campaign { reply } => self.request(Request::Campaign, Waiter::Campaign(reply)),
             Call::Progress { reply } => {
+                self.flush_batch(out);
                 let match_index = self
                     .node
                     .peer_progress()
@@ -875,6 +910,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
     }
 
     fn tick(&mut self, out: &mut Outbox) {
+        self.flush_batch(out);
         self.ticks += 1;
         let was_quiescent = self.node.is_quiescent();
         let actions = self.step_unpublished(Input::Tick, out);
@@ -896,7 +932,7 @@ impl<M: StateMachine> GroupRun for Group<M> {
 
     fn complete(&mut self, completion: Completion, out: &mut Outbox) {
         match completion {
-            Completion::Persisted { seq } => self.step(Input::Persisted { seq }, out),
+            Completion::Persisted { seq } => self.enqueue(Input::Persisted { seq }),
             Completion::ChunkLoaded {
                 to,
                 snapshot_index,
@@ -1074,8 +1110,15 @@ impl<M: StateMachine> GroupRun for Group<M> {
         }
     }
 
+    fn flush(&mut self, out: &mut Outbox) {
+        self.flush_batch(out);
+    }
+
     fn stop(&mut self) {
         let group = self.id;
+        // Inputs not stepped yet go with the engine; their callers are
+        // answered below.
+        self.batch.clear();
         self.drop_work(|| GroupError::NotRunning { group });
     }
 }

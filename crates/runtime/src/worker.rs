@@ -28,11 +28,16 @@ use crate::transport::BufferLease;
 /// The most inputs queued for one worker before senders wait.
 pub(crate) const WORKER_INPUTS_QUEUED_MAX: usize = 4096;
 
+/// The most inputs a worker takes in one turn beyond the one it woke for,
+/// before it steps its groups: a bound on a batch, and on how long the
+/// queue waits while a turn runs.
+pub(crate) const INPUTS_PER_TURN_MAX: usize = 256;
+
 /// An input to a worker from outside.
 pub(crate) enum WorkerInput {
     /// A message from a peer for one of the worker's groups. The lease
     /// holds the frame's share of the transport's inbound budget until the
-    /// message is taken in.
+    /// message is stepped (at the end of the worker's turn).
     Message(Message, BufferLease),
     /// The link to a peer node came up: every group hears of it.
     PeerConnected(NodeId),
@@ -122,6 +127,9 @@ pub(crate) trait GroupRun: Send {
     fn tick(&mut self, out: &mut Outbox);
     /// A storage completion.
     fn complete(&mut self, completion: Completion, out: &mut Outbox);
+    /// Steps the inputs taken since the last flush (messages, calls and
+    /// persistence completions are batched; see `Group::enqueue`).
+    fn flush(&mut self, out: &mut Outbox);
     /// The group is being stopped: every caller waiting is told.
     fn stop(&mut self);
 }
@@ -195,6 +203,8 @@ pub(crate) fn spawn(
             groups: BTreeMap::new(),
             log: log.clone(),
             outbox: Outbox::default(),
+            touched: Vec::new(),
+            leases: Vec::new(),
         };
         tasks.push(tokio::spawn(worker.run(tick, input_rx, completion_rx)));
     }
@@ -211,6 +221,12 @@ struct Worker {
     groups: BTreeMap<GroupId, Box<dyn GroupRun>>,
     log: mpsc::Sender<LogRequest>,
     outbox: Outbox,
+    /// Groups given batched inputs this turn, to flush before waiting
+    /// (at most [`INPUTS_PER_TURN_MAX`] + 1 entries, duplicates allowed).
+    touched: Vec<GroupId>,
+    /// The inbound budget of the messages batched this turn, given back
+    /// once they are stepped.
+    leases: Vec<BufferLease>,
 }
 
 impl Worker {
@@ -226,9 +242,7 @@ impl Worker {
             tokio::select! {
                 biased;
                 Some((group, completion)) = completions.recv() => {
-                    if let Some(run) = self.groups.get_mut(&group) {
-                        run.complete(completion, &mut self.outbox);
-                    }
+                    self.complete(group, completion);
                 }
                 _ = ticker.tick() => {
                     for run in self.groups.values_mut() {
@@ -240,6 +254,28 @@ impl Worker {
                     Some(input) => self.input(input),
                 },
             }
+            // Whatever else has arrived joins this turn, so that each group
+            // steps it as one batch (see `Group::enqueue`).
+            let mut taken = 0;
+            while taken < INPUTS_PER_TURN_MAX {
+                if let Ok((group, completion)) = completions.try_recv() {
+                    self.complete(group, completion);
+                } else if let Ok(input) = inputs.try_recv() {
+                    self.input(input);
+                } else {
+                    break;
+                }
+                taken += 1;
+            }
+            // One flush per group, however many inputs it took.
+            self.touched.sort_unstable();
+            self.touched.dedup();
+            for group in self.touched.drain(..) {
+                if let Some(run) = self.groups.get_mut(&group) {
+                    run.flush(&mut self.outbox);
+                }
+            }
+            self.leases.clear();
             for request in self.outbox.log.drain(..) {
                 if self.log.send(request).await.is_err() {
                     // The log stopped (a storage failure): nothing can be
@@ -256,11 +292,22 @@ impl Worker {
         }
     }
 
+    fn complete(&mut self, group: GroupId, completion: Completion) {
+        if let Some(run) = self.groups.get_mut(&group) {
+            run.complete(completion, &mut self.outbox);
+            self.touched.push(group);
+        }
+    }
+
     fn input(&mut self, input: WorkerInput) {
         match input {
-            WorkerInput::Message(message, _lease) => {
+            WorkerInput::Message(message, lease) => {
                 match self.groups.get_mut(&message.group) {
-                    Some(run) => run.message(message, &mut self.outbox),
+                    Some(run) => {
+                        self.touched.push(message.group);
+                        self.leases.push(lease);
+                        run.message(message, &mut self.outbox)
+                    }
                     // A group not (or no longer) running here: its peers'
                     // timers send again once it runs.
                     None => tracing::trace!(
@@ -280,7 +327,10 @@ impl Worker {
                 }
             }
             WorkerInput::Call { group, call } => match self.groups.get_mut(&group) {
-                Some(run) => run.call(call, &mut self.outbox),
+                Some(run) => {
+                    self.touched.push(group);
+                    run.call(call, &mut self.outbox)
+                }
                 // Dropping the call drops its reply sender: the caller
                 // sees the group as not running.
                 None => drop(call),
@@ -310,5 +360,109 @@ impl Worker {
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A group that records what the worker hands it.
+    struct Recorder {
+        seen: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    impl Recorder {
+        fn note(&self, what: &'static str) {
+            self.seen.lock().expect("not poisoned").push(what);
+        }
+    }
+
+    impl GroupRun for Recorder {
+        fn message(&mut self, _: Message, _: &mut Outbox) {
+            self.note("message");
+        }
+        fn peer(&mut self, _: NodeId, _: bool, _: &mut Outbox) {
+            self.note("peer");
+        }
+        fn call(&mut self, _: Box<dyn Any + Send>, _: &mut Outbox) {
+            self.note("call");
+        }
+        fn tick(&mut self, _: &mut Outbox) {}
+        fn complete(&mut self, _: Completion, _: &mut Outbox) {
+            self.note("complete");
+        }
+        fn flush(&mut self, _: &mut Outbox) {
+            self.note("flush");
+        }
+        fn stop(&mut self) {
+            self.note("stop");
+        }
+    }
+
+    /// What arrives while a worker is busy is taken in its next turn as
+    /// one batch: each group is flushed once for all of it (so proposals
+    /// arriving together share one persist request and one append per
+    /// follower), and the turn is bounded.
+    #[tokio::test(flavor = "current_thread")]
+    async fn inputs_that_arrive_together_are_stepped_as_one_batch_per_turn() {
+        let (log, _log_requests) = mpsc::channel(16);
+        let (workers, _tasks) = spawn(1, Duration::from_secs(3600), log);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (reply, started) = oneshot::channel();
+        let runner = Box::new(Recorder { seen: seen.clone() });
+        assert!(
+            workers
+                .input(
+                    7,
+                    WorkerInput::Start {
+                        group: 7,
+                        runner,
+                        reply
+                    }
+                )
+                .await
+        );
+        started.await.expect("answered").expect("started");
+        // The worker does not run while this task sends (one thread).
+        let sent = INPUTS_PER_TURN_MAX + 10;
+        for _ in 0..sent {
+            let call = Box::new(());
+            assert!(workers.input(7, WorkerInput::Call { group: 7, call }).await);
+        }
+        workers.complete(7, Completion::Persisted { seq: 1 });
+        while seen
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|s| **s != "flush")
+            .count()
+            < sent + 1
+        {
+            tokio::task::yield_now().await;
+        }
+        let seen = seen.lock().expect("not poisoned").clone();
+        // Each turn ends with one flush for all it took, and takes at most
+        // the bound beyond the input it woke for.
+        assert_eq!(seen.last(), Some(&"flush"), "{seen:?}");
+        let turns: Vec<&[&str]> = seen.split(|s| *s == "flush").collect();
+        assert!(
+            turns[..turns.len() - 1].iter().all(|turn| !turn.is_empty()),
+            "{seen:?}"
+        );
+        assert!(
+            turns
+                .iter()
+                .all(|turn| turn.len() <= INPUTS_PER_TURN_MAX + 1),
+            "{seen:?}"
+        );
+        assert!(
+            turns.len() - 1 <= 4,
+            "{} turns for {sent} inputs",
+            turns.len() - 1
+        );
+        // The completion, taken first in its turn, is in the batch too.
+        assert_eq!(seen.iter().filter(|s| **s == "complete").count(), 1);
     }
 }

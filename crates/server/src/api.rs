@@ -28,6 +28,7 @@ use crate::auth::{Access, AuthError, AuthStore, PASSWORD_BYTES_MAX};
 use crate::auth_token::{Issued, TokenConfig, Tokens, SIMPLE_TOKEN_TTL_DEFAULT, TOKEN_BYTES_MAX};
 use crate::authority::AuthorityRepair;
 use crate::backend::{Backend, Defragmented, NodeStatus};
+use crate::batched_writes::BatchedWrites;
 use crate::command::{
     command, encoded_command_len, raise_no_space, CommandKind, LeaseGrantCommand,
     LeaseRevokeCommand,
@@ -61,7 +62,7 @@ pub const REPORTED_ETCD_VERSION: &str = "3.5.0";
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 /// A client connection as the HTTP/2 server reads it.
-type ClientStream = AuthorityRepair<ClientConnection<ClientIo>>;
+type ClientStream = AuthorityRepair<ClientConnection<BatchedWrites<ClientIo>>>;
 
 /// A port the API serves on: plaintext, or TLS with these certificates
 /// (etcd's `--listen-client-urls http://...,https://...`).
@@ -552,7 +553,8 @@ impl<B: Backend> EtcdApi<B> {
                             }
                         };
                         let info = io.connect_info();
-                        let mut connection = ClientConnection::new(io, timeouts, Some(ticket));
+                        let mut connection =
+                            ClientConnection::new(BatchedWrites::new(io), timeouts, Some(ticket));
                         match connection.sniff().await {
                             Ok(ClientProtocol::Http2) => {
                                 let _ =

@@ -20,6 +20,8 @@
 //! - [`backup`]: backups (etcd's Maintenance `Snapshot` stream, the file
 //!   `etcdctl snapshot save` writes), inspected and restored into a new
 //!   cluster.
+//! - [`batched_writes`]: answers that are ready together leave a client
+//!   connection in one write.
 //! - [`authority`]: the repair of a URL sent as HTTP/2 `:authority` by etcd's
 //!   Go client, below the HTTP/2 server that would refuse it.
 //! - [`connections`]: idle client timeouts, with the runtime's limits per
@@ -29,6 +31,8 @@
 //!   (from the runtime).
 //! - [`peer`]: the TCP transport between nodes and the wire form of engine
 //!   messages (the runtime's [`ferry_runtime::transport`]).
+//! - [`grpc_codec`]: the protobuf codec of the gRPC services, with buffers
+//!   sized for etcd's messages.
 //! - [`metrics`]: the metrics port: Prometheus metrics (etcd's names where
 //!   the meaning is the same), gRPC call counts, `/health`, `/livez` and
 //!   `/readyz`.
@@ -44,9 +48,11 @@ pub mod auth_token;
 pub mod authority;
 pub mod backend;
 pub mod backup;
+pub mod batched_writes;
 pub mod command;
 pub mod connections;
 pub mod error;
+pub mod grpc_codec;
 pub mod kv_state;
 pub mod lease;
 pub mod metrics;

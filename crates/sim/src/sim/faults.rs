@@ -5,6 +5,10 @@
 
 use super::*;
 
+/// Inputs a resumed node takes per turn (the runtime worker's bound on a
+/// turn, `INPUTS_PER_TURN_MAX`).
+const RESUME_INPUTS_PER_TURN: usize = 256;
+
 impl Simulation {
     pub(super) fn next_fault(&mut self) {
         if self.phase != Phase::Main {
@@ -272,11 +276,38 @@ impl Simulation {
             &format!("resume with {} queued inputs", inbox.len()),
         );
         self.coverage.hit(Counter::PausedNodeResumed);
+        // As the runtime's worker takes a backlog: up to a turn's worth of
+        // inputs at a time, each group's stepped as one batch, except the
+        // inputs it steps on their own (ticks, link changes), before which
+        // the group's batch is stepped.
+        let mut batches: BTreeMap<GroupId, Vec<Input>> = BTreeMap::new();
+        let mut taken = 0;
         for (group, input) in inbox {
             if self.failure.is_some() || !self.is_running(id) {
-                break;
+                return;
             }
-            self.step(id, group, input);
+            match input {
+                Input::Message(_) | Input::Client { .. } | Input::Persisted { .. } => {
+                    batches.entry(group).or_default().push(input);
+                }
+                other => {
+                    let batch = batches.remove(&group).unwrap_or_default();
+                    self.step_inputs(id, group, batch);
+                    self.step(id, group, other);
+                }
+            }
+            taken += 1;
+            if taken % RESUME_INPUTS_PER_TURN == 0 {
+                for (group, batch) in std::mem::take(&mut batches) {
+                    self.step_inputs(id, group, batch);
+                }
+            }
+        }
+        for (group, batch) in batches {
+            if self.failure.is_some() || !self.is_running(id) {
+                return;
+            }
+            self.step_inputs(id, group, batch);
         }
     }
 

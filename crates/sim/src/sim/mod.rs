@@ -1341,28 +1341,17 @@ impl Simulation {
     }
 
     fn step(&mut self, id: NodeId, group: GroupId, input: Input) {
-        if self.failure.is_some() {
+        self.step_inputs(id, group, vec![input]);
+    }
+
+    /// Steps several inputs of one group together, as the runtime's worker
+    /// does with what arrived in one turn ([`ferry_raft::RaftNode::step_batch`]).
+    pub(super) fn step_inputs(&mut self, id: NodeId, group: GroupId, inputs: Vec<Input>) {
+        if self.failure.is_some() || inputs.is_empty() {
             return;
         }
-        if let Input::Message(message) = &input {
-            if self.trace.is_some() {
-                let text = format!(
-                    "recv n{}->n{} t{} {}",
-                    message.from,
-                    message.to,
-                    message.term,
-                    describe_body(&message.body)
-                );
-                self.log_group(Some(id), group, &text);
-            }
-        }
-        if let Input::Client { .. } = &input {
-            if self
-                .group_engine(id, group)
-                .is_some_and(|e| e.is_receiving_snapshot())
-            {
-                self.coverage.hit(Counter::RequestWhileReceivingSnapshot);
-            }
+        for input in &inputs {
+            self.note_input(id, group, input);
         }
         let mut actions = Vec::new();
         match self
@@ -1371,7 +1360,10 @@ impl Simulation {
             .and_then(|n| n.replica_mut(group))
             .and_then(|r| r.engine.as_mut())
         {
-            Some(engine) => engine.step(input, &mut actions),
+            Some(engine) if inputs.len() == 1 => {
+                engine.step(inputs.into_iter().next().expect("one input"), &mut actions)
+            }
+            Some(engine) => engine.step_batch(inputs, &mut actions),
             None => return,
         }
         let incarnation = self.incarnation(id);
@@ -1384,6 +1376,30 @@ impl Simulation {
             self.carry_out(id, group, action);
         }
         self.check_node(id, group);
+    }
+
+    /// Traces an input and counts what it covers.
+    fn note_input(&mut self, id: NodeId, group: GroupId, input: &Input) {
+        if let Input::Message(message) = input {
+            if self.trace.is_some() {
+                let text = format!(
+                    "recv n{}->n{} t{} {}",
+                    message.from,
+                    message.to,
+                    message.term,
+                    describe_body(&message.body)
+                );
+                self.log_group(Some(id), group, &text);
+            }
+        }
+        if let Input::Client { .. } = input {
+            if self
+                .group_engine(id, group)
+                .is_some_and(|e| e.is_receiving_snapshot())
+            {
+                self.coverage.hit(Counter::RequestWhileReceivingSnapshot);
+            }
+        }
     }
 
     fn check_node(&mut self, id: NodeId, group: GroupId) {
