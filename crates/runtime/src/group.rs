@@ -347,16 +347,11 @@ impl<M: StateMachine> Group<M> {
             return;
         }
         let mut inputs = std::mem::take(&mut self.batch);
-        if self.machine_failed.is_none() {
-            let mut actions = std::mem::take(&mut self.actions);
-            self.node.step_batch(inputs.drain(..), &mut actions);
-            for action in actions.drain(..) {
-                self.act(action, out);
-            }
-            self.actions = actions;
-        }
         // Stopped: the engine takes nothing more, as on a crashed node
         // (every caller was answered when it stopped).
+        self.step_engine(out, |node, actions| {
+            node.step_batch(inputs.drain(..), actions)
+        });
         inputs.clear();
         self.batch = inputs;
         self.publish();
@@ -365,12 +360,23 @@ impl<M: StateMachine> Group<M> {
     /// [`Group::step`] without publishing the view; returns how many
     /// actions the step produced.
     fn step_unpublished(&mut self, input: Input, out: &mut Outbox) -> usize {
+        // Stopped: the engine takes nothing more, as on a crashed node.
+        self.step_engine(out, |node, actions| node.step(input, actions))
+    }
+
+    /// Runs one step of the engine (`step` fills the action list) unless the
+    /// group has stopped, and carries out its actions; returns how many
+    /// there were.
+    fn step_engine(
+        &mut self,
+        out: &mut Outbox,
+        step: impl FnOnce(&mut RaftNode, &mut Vec<Action>),
+    ) -> usize {
         if self.machine_failed.is_some() {
-            // Stopped: the engine takes nothing more, as on a crashed node.
             return 0;
         }
         let mut actions = std::mem::take(&mut self.actions);
-        self.node.step(input, &mut actions);
+        step(&mut self.node, &mut actions);
         let count = actions.len();
         for action in actions.drain(..) {
             self.act(action, out);

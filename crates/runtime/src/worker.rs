@@ -267,7 +267,8 @@ impl Worker {
                 }
                 taken += 1;
             }
-            // One flush per group, however many inputs it took.
+            // One flush per group, however many inputs it took (`touch`
+            // skips repeats in a row; the rest go here).
             self.touched.sort_unstable();
             self.touched.dedup();
             for group in self.touched.drain(..) {
@@ -295,7 +296,7 @@ impl Worker {
     fn complete(&mut self, group: GroupId, completion: Completion) {
         if let Some(run) = self.groups.get_mut(&group) {
             run.complete(completion, &mut self.outbox);
-            self.touched.push(group);
+            touch(&mut self.touched, group);
         }
     }
 
@@ -304,7 +305,7 @@ impl Worker {
             WorkerInput::Message(message, lease) => {
                 match self.groups.get_mut(&message.group) {
                     Some(run) => {
-                        self.touched.push(message.group);
+                        touch(&mut self.touched, message.group);
                         self.leases.push(lease);
                         run.message(message, &mut self.outbox)
                     }
@@ -328,7 +329,7 @@ impl Worker {
             }
             WorkerInput::Call { group, call } => match self.groups.get_mut(&group) {
                 Some(run) => {
-                    self.touched.push(group);
+                    touch(&mut self.touched, group);
                     run.call(call, &mut self.outbox)
                 }
                 // Dropping the call drops its reply sender: the caller
@@ -360,6 +361,14 @@ impl Worker {
                 }
             },
         }
+    }
+}
+
+/// Notes that `group` took an input this turn and must be flushed; a repeat
+/// of the last one is skipped here, the rest when the turn ends.
+fn touch(touched: &mut Vec<GroupId>, group: GroupId) {
+    if touched.last() != Some(&group) {
+        touched.push(group);
     }
 }
 

@@ -111,20 +111,13 @@ impl<IO: AsyncWrite + Unpin> BatchedWrites<IO> {
         if self.held_bytes() == 0 && total_bytes >= DIRECT_BYTES_MIN {
             return Pin::new(&mut self.io).poll_write_vectored(cx, slices);
         }
-        // Here the buffer has room for all of it (it was drained above if
-        // not, and what is left is under the direct-write size).
-        let mut taken = 0usize;
+        // Here the buffer has room for all of it: it was drained above if
+        // not, and what is left is under the direct-write size.
+        debug_assert!(self.held_bytes() + total_bytes <= BATCH_BYTES_MAX);
         for slice in slices {
-            let room = BATCH_BYTES_MAX.saturating_sub(self.held_bytes());
-            let take = slice.len().min(room);
-            self.buffer.extend_from_slice(&slice[..take]);
-            taken += take;
-            if take < slice.len() {
-                break;
-            }
+            self.buffer.extend_from_slice(slice);
         }
-        debug_assert!(self.held_bytes() <= BATCH_BYTES_MAX);
-        Poll::Ready(Ok(taken))
+        Poll::Ready(Ok(total_bytes))
     }
 }
 

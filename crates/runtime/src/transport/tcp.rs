@@ -911,6 +911,26 @@ async fn write_loop(
     }
 }
 
+/// Encodes the frames already queued into `batch` until it holds
+/// `batch_bytes_max`; returns how many it took.
+fn drain_queued(
+    queue: &mut mpsc::Receiver<Bytes>,
+    batch: &mut BytesMut,
+    batch_bytes_max: usize,
+) -> u64 {
+    let mut frames = 0;
+    while batch.len() < batch_bytes_max {
+        match queue.try_recv() {
+            Ok(frame) => {
+                encode_frame(&frame, batch);
+                frames += 1;
+            }
+            Err(_) => break,
+        }
+    }
+    frames
+}
+
 async fn write_halves<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut read_half: R,
     mut write_half: W,
@@ -945,22 +965,10 @@ async fn write_halves<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         // already waiting to run (a worker finishing its step, others
         // answering) run first, and what they queue joins it: one system
         // call for the frames of a moment instead of one for each.
-        for turn in 0..2 {
-            if turn == 1 {
-                if batch.len() >= config.batch_bytes_max {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
-            while batch.len() < config.batch_bytes_max {
-                match queue.try_recv() {
-                    Ok(frame) => {
-                        encode_frame(&frame, &mut batch);
-                        frames += 1;
-                    }
-                    Err(_) => break,
-                }
-            }
+        frames += drain_queued(queue, &mut batch, config.batch_bytes_max);
+        if batch.len() < config.batch_bytes_max {
+            tokio::task::yield_now().await;
+            frames += drain_queued(queue, &mut batch, config.batch_bytes_max);
         }
         if let Err(error) = write_half.write_all(&batch).await {
             return WriteLoopEnd::Failed(ConnectionError::Io(error));
