@@ -787,18 +787,23 @@ impl MvccStore {
         events_max: usize,
         bytes_max: usize,
     ) -> Result<Vec<Event>, KvError> {
-        if range.bounds().is_none() || to < from {
+        // (Bounds always start at an included key; `None` is an empty range.)
+        let Some((Bound::Included(start), end)) = range.bounds() else {
+            return Ok(Vec::new());
+        };
+        if to < from {
             return Ok(Vec::new());
         }
+        // The store hands out only the oldest `events_max` changes (whole
+        // revisions): a watcher far behind catches up in pieces, each
+        // costing what it returns, not the whole way to `to`.
         let changes = self
             .versions
-            .history(version_of(from), version_of(to))
+            .history(start, end, version_of(from), version_of(to), events_max)
             .map_err(storage_error)?;
-        let mut found: Vec<Version> = Vec::new();
+        let mut found: Vec<Version> = Vec::with_capacity(changes.len());
         for record in changes {
-            if range.contains(&record.key) {
-                found.push(decode_version(&record)?);
-            }
+            found.push(decode_version(&record)?);
         }
         found.sort_by_key(|v| (v.kv.mod_revision, v.sub_revision));
         let mut events = Vec::new();

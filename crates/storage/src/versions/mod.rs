@@ -80,7 +80,7 @@ pub mod manifest;
 pub mod run;
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
+use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -150,7 +150,10 @@ impl Memtable {
         let Some(versions) = self.keys.get_mut(key) else {
             return false;
         };
-        let Some(at) = versions.iter().position(|v| v.version == version) else {
+        // Versions are in ascending order (`insert` keeps them so): a key
+        // written many times since the last compaction costs a binary
+        // search here, not a scan of its history.
+        let Ok(at) = versions.binary_search_by_key(&version, |v| v.version) else {
             return false;
         };
         let removed = versions.remove(at);
@@ -644,49 +647,84 @@ impl<D: Disk> VersionStore<D> {
         VersionIter::new(self.layers(), start, end)
     }
 
-    /// Every version in `[version_min, version_max]`, in version order
-    /// (for watchers catching up).
-    pub fn history(&self, version_min: u64, version_max: u64) -> Result<Vec<Record>> {
+    /// The versions of the keys in `[start, end)` that lie in
+    /// `[version_min, version_max]`, in (version, key) order: what a
+    /// watcher catching up reads.
+    ///
+    /// When there are more than `records_max`, only the oldest are
+    /// returned: the first `records_max` and the rest of the last one's
+    /// version, so that the changes of one version are never split. The
+    /// caller reads on from the version after the last it got. What is
+    /// left out costs a look at its version number, not a copy.
+    pub fn history(
+        &self,
+        start: &[u8],
+        end: Bound<&[u8]>,
+        version_min: u64,
+        version_max: u64,
+        records_max: usize,
+    ) -> Result<Vec<Record>> {
         let mut out = Vec::new();
-        // Oldest layer first: layers partition the versions.
-        for layer in self.layers().into_iter().rev() {
-            let start = out.len();
+        if !walkable_from(start, end) || version_min > version_max || records_max == 0 {
+            return Ok(out);
+        }
+        let keys = (Bound::Included(start), end);
+        let versions = version_min..=version_max;
+        for layer in self.layers() {
             match layer {
                 Layer::Mem(table) => {
-                    for (key, versions) in &table.keys {
-                        for v in versions {
-                            if (version_min..=version_max).contains(&v.version) {
-                                out.push(Record {
-                                    key: key.clone(),
-                                    version: v.version,
-                                    tombstone: v.tombstone,
-                                    value: v.value.clone(),
-                                });
-                            }
+                    for (key, key_versions) in table.keys.range::<[u8], _>(keys) {
+                        // Each key's versions ascend: skip to the first in
+                        // the window by a binary search.
+                        let first = key_versions.partition_point(|v| v.version < version_min);
+                        for v in key_versions[first..]
+                            .iter()
+                            .take_while(|v| v.version <= version_max)
+                        {
+                            out.push(Record {
+                                key: key.clone(),
+                                version: v.version,
+                                tombstone: v.tombstone,
+                                value: v.value.clone(),
+                            });
                         }
                     }
                 }
                 Layer::Runs(runs) => {
                     for run in runs.iter() {
                         let s = run.summary();
-                        if s.max_version < version_min || s.min_version > version_max {
+                        // The run holds keys from its first through its last.
+                        let overlaps_keys =
+                            run.last_key() >= start && walkable_from(run.first_key(), end);
+                        if s.max_version < version_min
+                            || s.min_version > version_max
+                            || !overlaps_keys
+                        {
                             continue;
                         }
                         for (i, block) in run.blocks().iter().enumerate() {
                             if block.max_version < version_min || block.min_version > version_max {
                                 continue;
                             }
-                            out.extend(
-                                run.read_block(i)?
-                                    .into_iter()
-                                    .filter(|r| (version_min..=version_max).contains(&r.version)),
-                            );
+                            out.extend(run.read_block(i)?.into_iter().filter(|r| {
+                                versions.contains(&r.version)
+                                    && RangeBounds::<[u8]>::contains(&keys, r.key.as_ref())
+                            }));
                         }
                     }
                 }
             }
-            out[start..].sort_by_key(|r| r.version);
         }
+        if out.len() > records_max {
+            // Keep the oldest `records_max` and whatever shares the
+            // version of the newest of them.
+            let last = out
+                .select_nth_unstable_by_key(records_max - 1, |r| r.version)
+                .1
+                .version;
+            out.retain(|r| r.version <= last);
+        }
+        out.sort_unstable_by(|a, b| (a.version, &a.key).cmp(&(b.version, &b.key)));
         Ok(out)
     }
 

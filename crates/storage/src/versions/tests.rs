@@ -145,6 +145,125 @@ fn versions_of_a_key_must_grow() {
 }
 
 #[test]
+fn undo_finds_the_version_among_many_of_one_key() {
+    let disk = SimDisk::with_seed(3);
+    let (mut store, _) = open(&disk);
+    for version in (2..200u64).step_by(2) {
+        store.put(record(b"a", version, false, b"v")).unwrap();
+    }
+    // Absent versions, between and past the stored ones, are not undone.
+    assert!(!store.undo(b"a", 101));
+    assert!(!store.undo(b"a", 1));
+    assert!(!store.undo(b"a", 1000));
+    assert!(!store.undo(b"b", 100));
+    // The newest and one in the middle go; their neighbours stay.
+    assert!(store.undo(b"a", 198));
+    assert!(store.undo(b"a", 100));
+    assert_eq!(
+        store.latest(b"a", 1000).unwrap().map(|r| r.version),
+        Some(196)
+    );
+    assert_eq!(
+        store.latest(b"a", 101).unwrap().map(|r| r.version),
+        Some(98)
+    );
+    assert_eq!(
+        store.latest(b"a", 102).unwrap().map(|r| r.version),
+        Some(102)
+    );
+}
+
+/// What `VersionStore::history` should return, from the model.
+fn model_history(
+    model: &Model,
+    keys: (Bound<&[u8]>, Bound<&[u8]>),
+    versions: std::ops::RangeInclusive<u64>,
+    records_max: usize,
+) -> Vec<Record> {
+    let mut expected: Vec<Record> = model_records(model)
+        .into_iter()
+        .filter(|r| {
+            RangeBounds::<[u8]>::contains(&keys, r.key.as_ref()) && versions.contains(&r.version)
+        })
+        .collect();
+    expected.sort_by(|a, b| (a.version, &a.key).cmp(&(b.version, &b.key)));
+    if expected.len() > records_max {
+        let last = match records_max.checked_sub(1) {
+            Some(nth) => expected[nth].version,
+            None => return Vec::new(),
+        };
+        expected.retain(|r| r.version <= last);
+    }
+    expected
+}
+
+#[test]
+fn history_of_a_key_range_is_cut_at_a_whole_version() {
+    for seed in 0..10 {
+        let disk = SimDisk::with_seed(seed);
+        let (mut store, _) = open(&disk);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut version = 1u64;
+        for step in 0..600u64 {
+            // Several keys change in one version, as in a transaction.
+            version += 1;
+            let mut keys: Vec<u64> = (0..1 + rng.next_u64() % 4)
+                .map(|_| rng.next_u64() % 30)
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for key in keys {
+                let tombstone = rng.next_u64() % 8 == 0;
+                let value = if tombstone {
+                    Vec::new()
+                } else {
+                    version.to_be_bytes().to_vec()
+                };
+                put(
+                    &mut store,
+                    &mut model,
+                    record(
+                        format!("key-{key:02}").as_bytes(),
+                        version,
+                        tombstone,
+                        &value,
+                    ),
+                );
+            }
+            if rng.next_u64() % 50 == 0 {
+                store.freeze(step, Bytes::new());
+            }
+            if rng.next_u64() % 80 == 0 {
+                run_jobs(&mut store);
+            }
+        }
+        for _ in 0..100 {
+            let low = format!("key-{:02}", rng.next_u64() % 32);
+            let high = format!("key-{:02}", rng.next_u64() % 32);
+            let end = match rng.next_u64() % 3 {
+                0 => Bound::Included(high.as_bytes()),
+                1 => Bound::Excluded(high.as_bytes()),
+                _ => Bound::Unbounded,
+            };
+            let version_min = rng.next_u64() % (version + 2);
+            let version_max = version_min + rng.next_u64() % (version + 2);
+            let records_max = usize::try_from(rng.next_u64() % 80).unwrap();
+            assert_eq!(
+                store.history(low.as_bytes(), end, version_min, version_max, records_max).unwrap(),
+                model_history(
+                    &model,
+                    (Bound::Included(low.as_bytes()), end),
+                    version_min..=version_max,
+                    records_max
+                ),
+                "seed {seed}: {low}..{end:?} versions {version_min}..={version_max} max {records_max}"
+            );
+        }
+    }
+}
+
+#[test]
 fn random_writes_flushes_and_merges_match_the_model() {
     for seed in 0..20 {
         let disk = SimDisk::with_seed(seed);
@@ -185,7 +304,9 @@ fn random_writes_flushes_and_merges_match_the_model() {
             .filter(|r| r.key.as_ref() >= &b"key-10"[..] && r.key.as_ref() < &b"key-20"[..])
             .collect();
         assert_eq!(sub, expected, "seed {seed}");
-        let history = store.history(version / 2, version).unwrap();
+        let history = store
+            .history(b"", Bound::Unbounded, version / 2, version, usize::MAX)
+            .unwrap();
         let mut expected: Vec<Record> = model_records(&model)
             .into_iter()
             .filter(|r| r.version >= version / 2)
@@ -933,7 +1054,9 @@ fn ordered_and_overlapping_writes_mixed_match_the_model() {
             .filter(|r| r.key.as_ref() >= from.as_slice() && r.key.as_ref() < to.as_slice())
             .collect();
         assert_eq!(sub, expected, "seed {seed}");
-        let history = store.history(version / 2, version).unwrap();
+        let history = store
+            .history(b"", Bound::Unbounded, version / 2, version, usize::MAX)
+            .unwrap();
         let mut expected: Vec<Record> = model_records(&model)
             .into_iter()
             .filter(|r| r.version >= version / 2)
