@@ -26,6 +26,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // prost's codec with buffers sized for etcd's messages (see
         // `src/grpc_codec.rs`).
         .codec_path("crate::grpc_codec::EtcdCodec")
+        // Keys and values as `Bytes`: a stored value is shared, not copied,
+        // by every response and watch event that carries it.
+        .bytes(".mvccpb.KeyValue")
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors.clone())?;

@@ -1304,7 +1304,7 @@ mod tests {
         let pairs = response
             .kvs
             .into_iter()
-            .map(|kv| (kv.key, kv.value))
+            .map(|kv| (kv.key.to_vec(), kv.value.to_vec()))
             .collect();
         (revision, pairs)
     }
@@ -1434,8 +1434,8 @@ mod tests {
     fn a_read_is_checked_against_the_loaded_value() {
         use ferry_server::pb::mvccpb::KeyValue;
         let kv = |key: &[u8], value: &[u8]| KeyValue {
-            key: key.to_vec(),
-            value: value.to_vec(),
+            key: key.to_vec().into(),
+            value: value.to_vec().into(),
             ..Default::default()
         };
         let response = |kvs: Vec<KeyValue>| RangeResponse {

@@ -691,7 +691,7 @@ async fn a_watch_on_a_follower_sees_every_event_once_in_order_across_a_leader_ch
         for event in response.events {
             let kv = event.kv.unwrap();
             revisions.push(kv.mod_revision);
-            seen_keys.insert(String::from_utf8(kv.key).unwrap());
+            seen_keys.insert(String::from_utf8(kv.key.to_vec()).unwrap());
         }
     }
     // Revisions strictly increase (no duplicate, in order) and have no gap:
@@ -3049,7 +3049,7 @@ async fn local_keys(
     .into_inner()
     .kvs
     .into_iter()
-    .map(|kv| String::from_utf8(kv.key).unwrap())
+    .map(|kv| String::from_utf8(kv.key.to_vec()).unwrap())
     .collect()
 }
 

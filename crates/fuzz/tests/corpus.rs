@@ -235,11 +235,11 @@ fn write_crash_corpus() {
     // A version above its own revision.
     let version = |key: &str, revision: i64, version: i64, lease: i64| SnapshotVersion {
         kv: Some(KeyValue {
-            key: key.into(),
+            key: key.as_bytes().to_vec().into(),
             create_revision: revision,
             mod_revision: revision,
             version,
-            value: b"v".to_vec(),
+            value: b"v".to_vec().into(),
             lease,
         }),
         sub_revision: 0,

@@ -479,11 +479,11 @@ fn snapshot_value() -> impl Strategy<Value = ferry_server::pb::ferrypb::Snapshot
             )| {
                 SnapshotVersion {
                     kv: Some(KeyValue {
-                        key,
+                        key: key.into(),
                         create_revision,
                         mod_revision,
                         version,
-                        value,
+                        value: value.into(),
                         lease,
                     }),
                     sub_revision,

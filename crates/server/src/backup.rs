@@ -379,11 +379,7 @@ struct VersionCounts {
 impl VersionCounts {
     fn add(&mut self, version: &crate::pb::ferrypb::SnapshotVersion) {
         self.versions += 1;
-        let key = version
-            .kv
-            .as_ref()
-            .map(|kv| kv.key.as_slice())
-            .unwrap_or(&[]);
+        let key = version.kv.as_ref().map(|kv| kv.key.as_ref()).unwrap_or(&[]);
         if self.last_key.as_deref() != Some(key) {
             self.keys_before += u64::from(self.last_is_live);
             self.last_key = Some(key.to_vec());

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use ferry_storage::versions::{BulkLoad, JobLane};
 use prost::Message;
 
@@ -1025,7 +1026,7 @@ impl KvState {
         };
         let value = match (&existing, put.ignore_value) {
             (Some(kv), true) => kv.value.clone(),
-            _ => put.value.clone(),
+            _ => Bytes::from(put.value.clone()),
         };
         let lease = match (&existing, put.ignore_lease) {
             (Some(kv), true) => kv.lease,
@@ -1088,7 +1089,7 @@ impl KvState {
         txn.events.push(to_event(
             &Version {
                 kv: Arc::new(KeyValue {
-                    key: key.to_vec(),
+                    key: Bytes::copy_from_slice(key),
                     mod_revision: txn.revision,
                     ..KeyValue::default()
                 }),
@@ -1109,7 +1110,7 @@ impl KvState {
         let keys: Vec<Vec<u8>> = self
             .store
             .scan(&range, ReadAt::Latest)
-            .map(|kv| kv.map(|kv| kv.key.clone()))
+            .map(|kv| kv.map(|kv| kv.key.to_vec()))
             .collect::<Result<_, _>>()?;
         let mut prev_kvs = Vec::new();
         let mut deleted = 0;
@@ -1452,7 +1453,7 @@ impl KvState {
             let recorded = self
                 .leases
                 .get(&kv.lease)
-                .is_some_and(|record| record.keys.contains(&kv.key));
+                .is_some_and(|record| record.keys.contains(kv.key.as_ref()));
             if !recorded {
                 return Err(CodecError::Inconsistent(format!(
                     "key {:?} is attached to lease {}, which does not record it",
@@ -1672,7 +1673,7 @@ impl SnapshotCheck {
             Some((key, newest)) if *key == version.kv.key => *newest = lease,
             _ => {
                 self.close_key();
-                self.current = Some((version.kv.key.clone(), lease));
+                self.current = Some((version.kv.key.to_vec(), lease));
             }
         }
         Ok(())
@@ -2074,14 +2075,16 @@ fn compare_kv(compare: &Compare, kv: &KeyValue) -> bool {
             kv.create_revision.cmp(v)
         }
         (Ok(CompareTarget::Mod), Some(TargetUnion::ModRevision(v))) => kv.mod_revision.cmp(v),
-        (Ok(CompareTarget::Value), Some(TargetUnion::Value(v))) => kv.value.as_slice().cmp(v),
+        (Ok(CompareTarget::Value), Some(TargetUnion::Value(v))) => {
+            kv.value.as_ref().cmp(v.as_slice())
+        }
         (Ok(CompareTarget::Lease), Some(TargetUnion::Lease(v))) => kv.lease.cmp(v),
         // proto3 drops zero-valued oneof members from some encoders; etcd
         // reads them as zero, and so do we.
         (Ok(CompareTarget::Version), None) => kv.version.cmp(&0),
         (Ok(CompareTarget::Create), None) => kv.create_revision.cmp(&0),
         (Ok(CompareTarget::Mod), None) => kv.mod_revision.cmp(&0),
-        (Ok(CompareTarget::Value), None) => kv.value.as_slice().cmp(&[]),
+        (Ok(CompareTarget::Value), None) => kv.value.as_ref().cmp(&[]),
         (Ok(CompareTarget::Lease), None) => kv.lease.cmp(&0),
         // A target that disagrees with the value given, or is unknown: the
         // compare cannot hold.

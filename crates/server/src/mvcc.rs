@@ -282,8 +282,8 @@ impl SnapshotVersionCheck {
         }
         if let Some((last_key, last_revision)) = &self.last {
             let ordered =
-                (last_key.as_slice(), *last_revision) < (kv.key.as_slice(), kv.mod_revision);
-            if last_key == &kv.key && !ordered {
+                (last_key.as_slice(), *last_revision) < (kv.key.as_ref(), kv.mod_revision);
+            if last_key.as_slice() == kv.key.as_ref() && !ordered {
                 return Err(format!(
                     "versions of key {:?} are not in revision order",
                     String::from_utf8_lossy(&kv.key)
@@ -297,7 +297,7 @@ impl SnapshotVersionCheck {
             }
         }
         self.revision_max = self.revision_max.max(kv.mod_revision);
-        self.last = Some((kv.key.clone(), kv.mod_revision));
+        self.last = Some((kv.key.to_vec(), kv.mod_revision));
         Ok(record_of(version))
     }
 
@@ -386,17 +386,20 @@ impl Found {
         self.record.key.len() + value + KV_OVERHEAD_BYTES
     }
 
-    /// The key-value, copied out of the store's encoding.
+    /// The key-value, copied out of the store's encoding (a value read from
+    /// a run is a slice of its block: a copy keeps the block from living as
+    /// long as a response or a watch event that holds the value). Copies of
+    /// the key-value after this one share it.
     fn to_key_value(&self, keys_only: bool) -> KeyValue {
         KeyValue {
-            key: self.record.key.to_vec(),
+            key: Bytes::copy_from_slice(&self.record.key),
             create_revision: self.create_revision,
             mod_revision: self.mod_revision(),
             version: self.version,
             value: if keys_only {
-                Vec::new()
+                Bytes::new()
             } else {
-                self.value().to_vec()
+                Bytes::copy_from_slice(self.value())
             },
             lease: self.lease,
         }
@@ -698,7 +701,7 @@ impl MvccStore {
         revision: i64,
         sub_revision: u32,
         key: &[u8],
-        value: Vec<u8>,
+        value: Bytes,
         lease: i64,
     ) -> Result<(Option<KeyValue>, KeyValue), KvError> {
         debug_assert!(revision > self.revision);
@@ -711,7 +714,7 @@ impl MvccStore {
             None => (revision, 1),
         };
         let kv = KeyValue {
-            key: key.to_vec(),
+            key: Bytes::copy_from_slice(key),
             create_revision,
             mod_revision: revision,
             version,
@@ -720,7 +723,7 @@ impl MvccStore {
         };
         self.versions
             .put(Record {
-                key: Bytes::copy_from_slice(key),
+                key: kv.key.clone(),
                 version: version_of(revision),
                 tombstone: false,
                 value: encode_version(sub_revision, &kv),
@@ -741,7 +744,7 @@ impl MvccStore {
             return Ok(None);
         };
         let tombstone = KeyValue {
-            key: key.to_vec(),
+            key: Bytes::copy_from_slice(key),
             mod_revision: revision,
             ..KeyValue::default()
         };

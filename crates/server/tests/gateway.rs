@@ -156,7 +156,7 @@ async fn kv_calls_through_the_gateway_speak_etcds_json_beside_grpc_on_one_port()
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(got.kvs[0].value, b"baz");
+    assert_eq!(got.kvs[0].value, &b"baz"[..]);
 
     let deleted = ok(
         address,

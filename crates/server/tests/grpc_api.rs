@@ -86,7 +86,7 @@ fn keys(response: &pb::RangeResponse) -> Vec<String> {
     response
         .kvs
         .iter()
-        .map(|kv| String::from_utf8(kv.key.clone()).unwrap())
+        .map(|kv| String::from_utf8(kv.key.to_vec()).unwrap())
         .collect()
 }
 
@@ -114,7 +114,7 @@ async fn put_get_range_prefix_revision_delete() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(updated.prev_kv.unwrap().value, b"dark");
+    assert_eq!(updated.prev_kv.unwrap().value, &b"dark"[..]);
 
     let one = kv
         .range(range("fruit/cherry", ""))
@@ -174,7 +174,7 @@ async fn put_get_range_prefix_revision_delete() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(old.kvs[0].value, b"dark");
+    assert_eq!(old.kvs[0].value, &b"dark"[..]);
 
     let deleted = kv
         .delete_range(pb::DeleteRangeRequest {
@@ -348,13 +348,13 @@ async fn txn_with_compares_and_nested_branches() {
     let lost = kv.txn(cas("100", "80")).await.unwrap().into_inner();
     assert!(!lost.succeeded);
     match &lost.responses[0].response {
-        Some(pb::response_op::Response::ResponseRange(r)) => assert_eq!(r.kvs[0].value, b"90"),
+        Some(pb::response_op::Response::ResponseRange(r)) => assert_eq!(r.kvs[0].value, &b"90"[..]),
         other => panic!("unexpected {other:?}"),
     }
     let again = kv.txn(cas("90", "70")).await.unwrap().into_inner();
     assert!(again.succeeded);
     let audit = kv.range(range("audit", "")).await.unwrap().into_inner();
-    assert_eq!(audit.kvs[0].value, b"again");
+    assert_eq!(audit.kvs[0].value, &b"again"[..]);
     assert_eq!(audit.kvs[0].version, 2);
 }
 
@@ -442,11 +442,11 @@ async fn watch_key_prefix_history_prev_kv_cancel_and_progress() {
     }
     assert_eq!(
         prefix_events[0].prev_kv.as_ref().unwrap().value,
-        b"1",
+        &b"1"[..],
         "prev_kv asked"
     );
     assert_eq!(prefix_events[1].r#type, 1, "a delete");
-    assert_eq!(prefix_events[1].prev_kv.as_ref().unwrap().value, b"2");
+    assert_eq!(prefix_events[1].prev_kv.as_ref().unwrap().value, &b"2"[..]);
     assert!(key_events[0].prev_kv.is_none(), "prev_kv not asked");
     assert_eq!(
         key_events

@@ -262,7 +262,7 @@ async fn without_a_leader_every_call_gets_a_definite_answer() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(local.kvs[0].value, b"1");
+    assert_eq!(local.kvs[0].value, &b"1"[..]);
     let header = local.header.unwrap();
     assert_eq!(
         (

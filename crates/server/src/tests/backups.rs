@@ -184,11 +184,11 @@ fn a_backup_that_restore_would_refuse_is_refused_by_status_too() {
     use crate::pb::mvccpb::KeyValue;
     let version = |key: &str, revision: i64, lease: i64| SnapshotVersion {
         kv: Some(KeyValue {
-            key: key.into(),
+            key: key.as_bytes().to_vec().into(),
             create_revision: revision,
             mod_revision: revision,
             version: 1,
-            value: b"v".to_vec(),
+            value: b"v".to_vec().into(),
             lease,
         }),
         sub_revision: 0,

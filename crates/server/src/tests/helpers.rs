@@ -169,7 +169,7 @@ impl Machine {
             .expect("range")
             .kvs
             .into_iter()
-            .map(|kv| String::from_utf8(kv.key).expect("utf8"))
+            .map(|kv| String::from_utf8(kv.key.to_vec()).expect("utf8"))
             .collect()
     }
 

@@ -32,7 +32,7 @@ fn put_returns_prev_kv_and_header_revision() {
     })));
     match response {
         CommandResponse::Put(put) => {
-            assert_eq!(put.prev_kv.unwrap().value, b"1");
+            assert_eq!(put.prev_kv.unwrap().value, &b"1"[..]);
             assert_eq!(put.header.unwrap().revision, 3);
         }
         other => panic!("unexpected {other:?}"),
@@ -196,7 +196,7 @@ fn txn_branches_reads_see_own_writes_and_nested_txns() {
     );
     match &response.responses[1].response {
         Some(Response::ResponseRange(r)) => {
-            assert_eq!(r.kvs[0].value, b"2", "read sees the txn's own put")
+            assert_eq!(r.kvs[0].value, &b"2"[..], "read sees the txn's own put")
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -210,7 +210,7 @@ fn txn_branches_reads_see_own_writes_and_nested_txns() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(m.get("z").unwrap().value, b"from-success");
+    assert_eq!(m.get("z").unwrap().value, &b"from-success"[..]);
     assert_eq!(m.get("y").unwrap().mod_revision, 3);
     assert_eq!(m.get("never"), None);
     // Failure branch.
@@ -400,13 +400,13 @@ fn ignore_value_and_ignore_lease() {
     m.ok(put_cmd("a", "keep"));
     m.ok(ignore_value("a"));
     let kv = m.get("a").unwrap();
-    assert_eq!((kv.value.as_slice(), kv.lease), (&b"keep"[..], lease));
+    assert_eq!((kv.value.as_ref(), kv.lease), (&b"keep"[..], lease));
     m.ok(command(CommandKind::Put(PutRequest {
         ignore_lease: true,
         ..put("a", "new")
     })));
     let kv = m.get("a").unwrap();
-    assert_eq!((kv.value.as_slice(), kv.lease), (&b"new"[..], lease));
+    assert_eq!((kv.value.as_ref(), kv.lease), (&b"new"[..], lease));
     let both = command(CommandKind::Put(PutRequest {
         ignore_value: true,
         ..put("a", "x")

@@ -50,8 +50,8 @@ fn reads_at_past_revisions_until_compacted() {
             ..range("a", "")
         })
     };
-    assert_eq!(at(&m, 2).unwrap().kvs[0].value, b"1");
-    assert_eq!(at(&m, 3).unwrap().kvs[0].value, b"2");
+    assert_eq!(at(&m, 2).unwrap().kvs[0].value, &b"1"[..]);
+    assert_eq!(at(&m, 3).unwrap().kvs[0].value, &b"2"[..]);
     assert!(at(&m, 4).unwrap().kvs.is_empty());
     assert!(at(&m, 1).unwrap().kvs.is_empty());
     assert_eq!(at(&m, 6), Err(KvError::FutureRevision));
@@ -64,7 +64,7 @@ fn reads_at_past_revisions_until_compacted() {
     );
     assert_eq!(
         at(&m, 3).unwrap().kvs[0].value,
-        b"2",
+        &b"2"[..],
         "the compacted revision itself stays readable"
     );
     assert!(at(&m, 4).unwrap().kvs.is_empty());
@@ -86,7 +86,7 @@ fn reads_at_past_revisions_until_compacted() {
             .compacted_view()
             .unwrap()
             .iter()
-            .filter(|v| v.kv.key == b"a")
+            .filter(|v| v.kv.key == b"a"[..])
             .count(),
         0
     );
@@ -182,7 +182,7 @@ fn sort_by_every_target_and_order() {
         .unwrap()
         .kvs
         .into_iter()
-        .map(|kv| String::from_utf8(kv.key).unwrap())
+        .map(|kv| String::from_utf8(kv.key.to_vec()).unwrap())
         .collect()
     };
     assert_eq!(sorted(SortTarget::Key, SortOrder::None, 0), ["a", "b", "c"]);
@@ -222,7 +222,7 @@ fn revision_filters() {
             .unwrap()
             .kvs
             .into_iter()
-            .map(|kv| String::from_utf8(kv.key).unwrap())
+            .map(|kv| String::from_utf8(kv.key.to_vec()).unwrap())
             .collect()
     };
     assert_eq!(
@@ -276,7 +276,7 @@ fn history_replays_in_revision_and_operation_order() {
             let kv = e.kv.as_ref().unwrap();
             (
                 kv.mod_revision,
-                String::from_utf8(kv.key.clone()).unwrap(),
+                String::from_utf8(kv.key.to_vec()).unwrap(),
                 e.r#type,
             )
         })
@@ -290,7 +290,7 @@ fn history_replays_in_revision_and_operation_order() {
             (4, "b".into(), 1)
         ]
     );
-    assert_eq!(events[3].prev_kv.as_ref().unwrap().value, b"1");
+    assert_eq!(events[3].prev_kv.as_ref().unwrap().value, &b"1"[..]);
     // A limit never splits a revision.
     assert_eq!(
         m.kv.store()
@@ -322,7 +322,7 @@ fn compaction_keeps_a_delete_at_the_compacted_revision_for_watchers() {
             .compacted_view()
             .unwrap()
             .iter()
-            .filter(|v| v.kv.key == b"a")
+            .filter(|v| v.kv.key == b"a"[..])
             .count(),
         0
     );

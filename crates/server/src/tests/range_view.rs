@@ -68,7 +68,7 @@ fn writes_apply_between_the_steps_of_a_range_which_keeps_its_view() {
     // While the writes are there for the next read.
     let after = state.range(&range("k", "l")).unwrap();
     assert_eq!(after.count, 2000, "as many deleted as added");
-    assert!(after.kvs.iter().any(|kv| kv.value == b"changed"));
+    assert!(after.kvs.iter().any(|kv| kv.value == b"changed"[..]));
     assert!(after.header.unwrap().revision > revision);
 }
 

@@ -202,11 +202,11 @@ fn a_version_above_its_revision_is_refused() {
         lease_id_next: 1,
         versions: vec![SnapshotVersion {
             kv: Some(KeyValue {
-                key: b"a".to_vec(),
+                key: b"a".to_vec().into(),
                 create_revision,
                 mod_revision: 2,
                 version,
-                value: b"v".to_vec(),
+                value: b"v".to_vec().into(),
                 lease: 0,
             }),
             sub_revision: 0,

@@ -59,7 +59,7 @@ fn events_of(responses: &[WatchResponse], watch_id: i64) -> Vec<(i64, String, bo
             let kv = e.kv.as_ref().unwrap();
             (
                 kv.mod_revision,
-                String::from_utf8(kv.key.clone()).unwrap(),
+                String::from_utf8(kv.key.to_vec()).unwrap(),
                 e.r#type == 1,
             )
         })
@@ -116,8 +116,8 @@ fn live_events_on_key_and_prefix_with_prev_kv_and_filters() {
         .flat_map(|r| r.events.iter())
         .collect();
     assert!(with_prev[0].prev_kv.is_none());
-    assert_eq!(with_prev[1].prev_kv.as_ref().unwrap().value, b"1");
-    assert_eq!(with_prev[2].prev_kv.as_ref().unwrap().value, b"2");
+    assert_eq!(with_prev[1].prev_kv.as_ref().unwrap().value, &b"1"[..]);
+    assert_eq!(with_prev[2].prev_kv.as_ref().unwrap().value, &b"2"[..]);
     let without_prev: Vec<_> = out
         .iter()
         .filter(|r| r.watch_id == 2)
@@ -283,7 +283,7 @@ fn a_change_at_the_compacted_revision_keeps_its_prev_kv() {
     let out = hub.drain_all(stream);
     let event = out.iter().flat_map(|r| r.events.iter()).next().unwrap();
     assert_eq!(event.kv.as_ref().unwrap().mod_revision, 3);
-    assert_eq!(event.prev_kv.as_ref().unwrap().value, b"old");
+    assert_eq!(event.prev_kv.as_ref().unwrap().value, &b"old"[..]);
 }
 
 #[test]
