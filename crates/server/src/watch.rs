@@ -103,6 +103,13 @@ impl Default for WatchLimits {
     }
 }
 
+/// Bytes of events past which a watch response takes no further
+/// revision: a watcher's consecutive revisions share one response up to
+/// here (as etcd's catch-up does), so a busy watcher costs a frame per
+/// batch, not per revision. One revision's events always go together,
+/// whatever their size.
+pub const RESPONSE_EVENTS_BYTES_MAX: usize = 64 * 1024;
+
 /// Bytes counted for each revision a watcher queues, beyond its events:
 /// the queue entry and one pointer per event.
 const QUEUE_ENTRY_OVERHEAD_BYTES: usize = 64;
@@ -322,6 +329,38 @@ impl Ledger {
         watcher.queued_events = 0;
         watcher.queued_bytes = 0;
     }
+}
+
+/// Adds a watcher's events of one revision to `out`: to the last response
+/// when that holds the same watcher's earlier events and fewer than
+/// [`RESPONSE_EVENTS_BYTES_MAX`] bytes of them (`open` says whose and how
+/// many), else as a response of its own.
+fn push_events(
+    out: &mut Vec<WatchResponse>,
+    open: &mut Option<(i64, usize)>,
+    watch_id: i64,
+    revision: i64,
+    events: Vec<Event>,
+    bytes: usize,
+) {
+    if let (Some((open_id, open_bytes)), Some(last)) = (open.as_mut(), out.last_mut()) {
+        if *open_id == watch_id
+            && last.watch_id == watch_id
+            && *open_bytes < RESPONSE_EVENTS_BYTES_MAX
+        {
+            last.events.extend(events);
+            last.header = header(revision);
+            *open_bytes = open_bytes.saturating_add(bytes);
+            return;
+        }
+    }
+    out.push(WatchResponse {
+        header: header(revision),
+        watch_id,
+        events,
+        ..WatchResponse::default()
+    });
+    *open = Some((watch_id, bytes));
 }
 
 fn entry_overhead(events: usize) -> usize {
@@ -983,6 +1022,8 @@ impl WatchHub {
         };
         let compacted = store.compacted_revision();
         let mut out: Vec<WatchResponse> = stream.outbox.drain(..).collect();
+        // The response the next events of the same watcher may join.
+        let mut open: Option<(i64, usize)> = None;
         let mut out_bytes = 0usize;
         let mut cancelled: Vec<(i64, WatchResponse)> = Vec::new();
         let mut behind = false;
@@ -1022,12 +1063,14 @@ impl WatchHub {
                 watcher.delivered_since_progress = true;
                 out_bytes = out_bytes.saturating_add(entry.bytes);
                 let events = entry.events.iter().map(|e| Event::clone(e)).collect();
-                out.push(WatchResponse {
-                    header: header(entry.revision),
+                push_events(
+                    &mut out,
+                    &mut open,
                     watch_id,
+                    entry.revision,
                     events,
-                    ..WatchResponse::default()
-                });
+                    entry.bytes,
+                );
                 ledger.release(node_queued_bytes, &entry);
             }
             if !watcher.queued.is_empty() {
@@ -1123,32 +1166,41 @@ impl WatchHub {
             };
             let mut last_revision = next_revision - 1;
             let mut batch: Vec<Event> = Vec::new();
+            let mut batch_bytes = 0usize;
             let mut batch_revision = 0;
             for event in scan.events.iter() {
                 let revision = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
                 if revision != batch_revision && !batch.is_empty() {
-                    out.push(WatchResponse {
-                        header: header(batch_revision),
+                    let events = std::mem::take(&mut batch);
+                    push_events(
+                        &mut out,
+                        &mut open,
                         watch_id,
-                        events: std::mem::take(&mut batch),
-                        ..WatchResponse::default()
-                    });
+                        batch_revision,
+                        events,
+                        batch_bytes,
+                    );
+                    batch_bytes = 0;
                 }
                 batch_revision = revision;
                 last_revision = revision;
                 if watcher.wants(event) {
                     let shaped = watcher.shape(event);
-                    out_bytes = out_bytes.saturating_add(event_size_bytes(&shaped));
+                    let size = event_size_bytes(&shaped);
+                    out_bytes = out_bytes.saturating_add(size);
+                    batch_bytes = batch_bytes.saturating_add(size);
                     batch.push(shaped);
                 }
             }
             if !batch.is_empty() {
-                out.push(WatchResponse {
-                    header: header(batch_revision),
+                push_events(
+                    &mut out,
+                    &mut open,
                     watch_id,
-                    events: batch,
-                    ..WatchResponse::default()
-                });
+                    batch_revision,
+                    batch,
+                    batch_bytes,
+                );
             }
             watcher.delivered_since_progress = true;
             // Behind until here, so in no index: synced again when the

@@ -124,12 +124,17 @@ fn live_events_on_key_and_prefix_with_prev_kv_and_filters() {
         .flat_map(|r| r.events.iter())
         .collect();
     assert!(without_prev[0].prev_kv.is_none(), "prev_kv only when asked");
+    // A response may carry several revisions of one watcher; its header
+    // is the revision of its last event.
     for response in out.iter().filter(|r| !r.events.is_empty()) {
         let header = response.header.unwrap().revision;
-        assert!(response
+        let revisions: Vec<i64> = response
             .events
             .iter()
-            .all(|e| e.kv.as_ref().unwrap().mod_revision == header));
+            .map(|e| e.kv.as_ref().unwrap().mod_revision)
+            .collect();
+        assert!(revisions.is_sorted());
+        assert_eq!(revisions.last(), Some(&header));
     }
 }
 
@@ -152,6 +157,76 @@ fn replay_from_history_then_live_without_gap_or_duplicate() {
     responses.extend(hub.drain_all(stream));
     let revisions: Vec<i64> = events_of(&responses, 0).into_iter().map(|e| e.0).collect();
     assert_eq!(revisions, (4..=14).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_watchers_revisions_share_a_response_up_to_its_size_limit() {
+    let mut hub = Hub::new(WatchLimits::default());
+    let (stream, _) = hub.machine.watches.open_stream().unwrap();
+    hub.machine.watch_create(stream, &watch("k", "", 0)); // id 0
+    hub.machine.watch_create(stream, &watch("p/", "p0", 0)); // id 1
+    let created = hub.drain_all(stream);
+    assert_eq!(created.len(), 2);
+    // Ten revisions queued before the stream drains: one response per
+    // watcher, in order, each stamped with its last revision.
+    for i in 0..10 {
+        hub.apply(put_cmd("k", &i.to_string())); // revisions 2..=11
+        hub.apply(put_cmd(&format!("p/{i}"), "v")); // revisions 12..=21 by twos
+    }
+    let responses = hub.drain_all(stream);
+    assert_eq!(responses.len(), 2, "{responses:?}");
+    let key_revisions: Vec<i64> = events_of(&responses, 0).into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        key_revisions,
+        (0..10).map(|i| 2 + 2 * i).collect::<Vec<_>>()
+    );
+    let prefix_revisions: Vec<i64> = events_of(&responses, 1).into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        prefix_revisions,
+        (0..10).map(|i| 3 + 2 * i).collect::<Vec<_>>()
+    );
+    for response in &responses {
+        let last = response
+            .events
+            .last()
+            .unwrap()
+            .kv
+            .as_ref()
+            .unwrap()
+            .mod_revision;
+        assert_eq!(response.header.as_ref().unwrap().revision, last);
+    }
+    // Large values: a response stops taking revisions once it holds
+    // RESPONSE_EVENTS_BYTES_MAX, and a watcher caught up from history is cut
+    // the same way; every event arrives once, in order.
+    let big = "x".repeat(20 * 1024);
+    for _ in 0..10 {
+        hub.apply(put_cmd("k", &big));
+    }
+    let live = hub.drain_all(stream);
+    let late = hub.machine.watches.open_stream().unwrap().0;
+    hub.machine.watch_create(late, &watch("k", "", 2));
+    let replayed: Vec<WatchResponse> = hub
+        .drain_all(late)
+        .into_iter()
+        .filter(|r| !r.events.is_empty())
+        .collect();
+    for responses in [&live, &replayed] {
+        assert!(responses.len() > 1, "{} responses", responses.len());
+        for response in responses.iter() {
+            let value_bytes: usize = response
+                .events
+                .iter()
+                .map(|e| e.kv.as_ref().unwrap().value.len())
+                .sum();
+            assert!(value_bytes < crate::watch::RESPONSE_EVENTS_BYTES_MAX + big.len());
+        }
+    }
+    assert_eq!(events_of(&live, 0).len(), 10);
+    let replayed_revisions: Vec<i64> = events_of(&replayed, 0).into_iter().map(|e| e.0).collect();
+    let mut expected: Vec<i64> = (0..10).map(|i| 2 + 2 * i).collect();
+    expected.extend(22..=31);
+    assert_eq!(replayed_revisions, expected);
 }
 
 #[test]
