@@ -1072,6 +1072,17 @@ impl RangeScan {
         let Some((start, upper)) = self.resume_point() else {
             return Ok(true);
         };
+        if self.range.end == RangeEnd::Single {
+            // One key: only its newest version at the read revision counts,
+            // so a key written many times since the last compaction costs
+            // one lookup, not a walk of its history.
+            let version_max = match self.at {
+                ReadAt::Latest => u64::MAX,
+                ReadAt::Revision(revision) => version_of(revision),
+            };
+            let newest = store.versions.latest(&start, version_max).transpose();
+            return self.scan(newest.into_iter(), None, keys_max);
+        }
         let records = store
             .versions
             .iter(&start, upper.as_ref().map(Vec::as_slice));

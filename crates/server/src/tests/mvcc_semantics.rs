@@ -351,3 +351,38 @@ fn hash_kv_identifies_the_history_up_to_a_revision() {
     );
     assert_eq!(a.kv.store().hash_kv(9), Err(KvError::FutureRevision));
 }
+
+#[test]
+fn a_single_key_read_at_any_revision_matches_a_range_over_that_key() {
+    let mut m = Machine::new();
+    // Many versions of one key, deleted and created again, between writes
+    // of its neighbours.
+    for i in 0..60 {
+        if i % 7 == 3 {
+            m.ok(delete_cmd("k", ""));
+        } else {
+            m.ok(put_cmd("k", &i.to_string()));
+        }
+        m.ok(put_cmd("j", &i.to_string()));
+        m.ok(put_cmd("k0", &i.to_string()));
+    }
+    for revision in 0..=m.revision() {
+        let single =
+            m.kv.range(&RangeRequest {
+                revision,
+                ..range("k", "")
+            })
+            .unwrap();
+        // [k, k\0) holds the key k alone, read by a walk of the range.
+        let walked =
+            m.kv.range(&RangeRequest {
+                revision,
+                key: b"k".to_vec(),
+                range_end: b"k\0".to_vec(),
+                ..RangeRequest::default()
+            })
+            .unwrap();
+        assert_eq!(single.kvs, walked.kvs, "at revision {revision}");
+        assert_eq!(single.count, walked.count, "at revision {revision}");
+    }
+}
