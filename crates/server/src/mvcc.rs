@@ -8,6 +8,7 @@
 //! tombstone so that reads at older revisions and watchers replaying history
 //! see it. The store is deterministic: the same writes give the same state.
 
+use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -812,16 +813,24 @@ impl MvccStore {
         let mut events = Vec::new();
         let mut bytes = 0usize;
         let mut last_revision = 0;
+        // A key's change before this one, when it lies in the window too:
+        // its value is this change's previous one, so only a key's first
+        // change here costs a lookup.
+        let mut before: HashMap<Bytes, Version> = HashMap::new();
         for version in found {
             let revision = version.kv.mod_revision;
             if (events.len() >= events_max || bytes >= bytes_max) && revision != last_revision {
                 break;
             }
             last_revision = revision;
-            let prev_kv = self
-                .get(&version.kv.key, ReadAt::Revision(revision - 1))?
-                .map(Arc::unwrap_or_clone);
+            let prev_kv = match before.get(&version.kv.key) {
+                Some(prev) => (!prev.tombstone).then(|| KeyValue::clone(&prev.kv)),
+                None => self
+                    .get(&version.kv.key, ReadAt::Revision(revision - 1))?
+                    .map(Arc::unwrap_or_clone),
+            };
             let event = to_event(&version, prev_kv);
+            before.insert(version.kv.key.clone(), version);
             bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }

@@ -386,3 +386,42 @@ fn a_single_key_read_at_any_revision_matches_a_range_over_that_key() {
         assert_eq!(single.count, walked.count, "at revision {revision}");
     }
 }
+
+#[test]
+fn history_gives_each_change_the_value_before_it() {
+    let mut m = Machine::new();
+    // Keys changed several times, deleted and created again inside the
+    // window read, and one last changed before it.
+    m.ok(put_cmd("old", "0")); // 2
+    for i in 0..40 {
+        let key = ["a", "b", "c"][i % 3];
+        if i % 5 == 4 {
+            m.ok(delete_cmd(key, ""));
+        } else {
+            m.ok(put_cmd(key, &i.to_string()));
+        }
+        if i % 10 == 0 {
+            m.ok(put_cmd("old", &i.to_string()));
+        }
+    }
+    let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
+    for from in [2, 3, 10, 25] {
+        let events =
+            m.kv.store()
+                .history(&everything, from, m.revision(), 1000, usize::MAX)
+                .unwrap();
+        assert!(!events.is_empty());
+        for event in events {
+            let kv = event.kv.as_ref().unwrap();
+            let expected =
+                m.kv.range(&RangeRequest {
+                    revision: kv.mod_revision - 1,
+                    ..range(std::str::from_utf8(&kv.key).unwrap(), "")
+                })
+                .unwrap()
+                .kvs
+                .pop();
+            assert_eq!(event.prev_kv, expected, "from {from}: {kv:?}");
+        }
+    }
+}
