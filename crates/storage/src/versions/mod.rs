@@ -150,11 +150,22 @@ impl Memtable {
         let Some(versions) = self.keys.get_mut(key) else {
             return false;
         };
-        // Versions are in ascending order (`insert` keeps them so): a key
-        // written many times since the last compaction costs a binary
-        // search here, not a scan of its history.
-        let Ok(at) = versions.binary_search_by_key(&version, |v| v.version) else {
+        // Versions are in ascending order (`insert` keeps them so). The
+        // version asked for is nearly always newer than every one kept (a
+        // check before a write, which finds nothing) or the newest; any
+        // other costs a binary search, not a scan of the key's history.
+        let Some(newest) = versions.last().map(|v| v.version) else {
             return false;
+        };
+        let at = if newest < version {
+            return false;
+        } else if newest == version {
+            versions.len() - 1
+        } else {
+            match versions.binary_search_by_key(&version, |v| v.version) {
+                Ok(at) => at,
+                Err(_) => return false,
+            }
         };
         let removed = versions.remove(at);
         self.bytes -= key.len() + removed.value.len() + RECORD_OVERHEAD_BYTES;
