@@ -3007,6 +3007,25 @@ async fn alarm_list(cluster: &Cluster, id: u64) -> Vec<(u64, i32)> {
     alarms_of(alarms.get_ref())
 }
 
+/// The alarms node `id` lists once it lists `expected`, or after 5 s. A
+/// member answers from the state it has applied, and a follower learns that
+/// an entry committed with the leader's next message (at the latest its
+/// next heartbeat), so right after a client saw the alarm it may not have.
+async fn alarm_list_eventually(
+    cluster: &Cluster,
+    id: u64,
+    expected: &[(u64, i32)],
+) -> Vec<(u64, i32)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let alarms = alarm_list(cluster, id).await;
+        if alarms == expected || std::time::Instant::now() >= deadline {
+            return alarms;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Clears member 1's NOSPACE alarm through node `id`.
 async fn disarm_member_1(cluster: &Cluster, id: u64) {
     use ferry_server::pb::etcdserverpb::alarm_request::AlarmAction;
@@ -3086,7 +3105,7 @@ async fn a_member_whose_disk_fills_raises_nospace_loses_nothing_and_takes_writes
     // The alarm is node 1's, and every member knows it.
     for id in 1..=3u64 {
         assert_eq!(
-            alarm_list(&cluster, id).await,
+            alarm_list_eventually(&cluster, id, &[NOSPACE_OF_MEMBER_1]).await,
             vec![NOSPACE_OF_MEMBER_1],
             "node {id}"
         );
@@ -3154,7 +3173,10 @@ async fn a_member_whose_log_finds_its_disk_full_waits_without_losing_anything_an
         "{}",
         cluster.log()
     );
-    assert_eq!(alarm_list(&cluster, 3).await, vec![NOSPACE_OF_MEMBER_1]);
+    assert_eq!(
+        alarm_list_eventually(&cluster, 3, &[NOSPACE_OF_MEMBER_1]).await,
+        vec![NOSPACE_OF_MEMBER_1]
+    );
 
     // Room again: node 1's log writes what it held and the node catches
     // up; once disarmed, it takes writes and holds every acknowledged one.
