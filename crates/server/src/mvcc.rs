@@ -1085,11 +1085,10 @@ impl RangeScan {
             // One key: only its newest version at the read revision counts,
             // so a key written many times since the last compaction costs
             // one lookup, not a walk of its history.
-            let version_max = match self.at {
-                ReadAt::Latest => u64::MAX,
-                ReadAt::Revision(revision) => version_of(revision),
-            };
-            let newest = store.versions.latest(&start, version_max).transpose();
+            let newest = store
+                .versions
+                .latest(&start, MvccStore::version_max(self.at))
+                .transpose();
             return self.scan(newest.into_iter(), None, keys_max);
         }
         let records = store

@@ -333,21 +333,19 @@ impl Ledger {
 
 /// Adds a watcher's events of one revision to `out`: to the last response
 /// when that holds the same watcher's earlier events and fewer than
-/// [`RESPONSE_EVENTS_BYTES_MAX`] bytes of them (`open` says whose and how
-/// many), else as a response of its own.
+/// [`RESPONSE_EVENTS_BYTES_MAX`] bytes of them, else as a response of its
+/// own. `open` is the event bytes of the last response when this function
+/// pushed it (`None` when the last one is a control response).
 fn push_events(
     out: &mut Vec<WatchResponse>,
-    open: &mut Option<(i64, usize)>,
+    open: &mut Option<usize>,
     watch_id: i64,
     revision: i64,
     events: Vec<Event>,
     bytes: usize,
 ) {
-    if let (Some((open_id, open_bytes)), Some(last)) = (open.as_mut(), out.last_mut()) {
-        if *open_id == watch_id
-            && last.watch_id == watch_id
-            && *open_bytes < RESPONSE_EVENTS_BYTES_MAX
-        {
+    if let (Some(open_bytes), Some(last)) = (open.as_mut(), out.last_mut()) {
+        if last.watch_id == watch_id && *open_bytes < RESPONSE_EVENTS_BYTES_MAX {
             last.events.extend(events);
             last.header = header(revision);
             *open_bytes = open_bytes.saturating_add(bytes);
@@ -360,7 +358,7 @@ fn push_events(
         events,
         ..WatchResponse::default()
     });
-    *open = Some((watch_id, bytes));
+    *open = Some(bytes);
 }
 
 fn entry_overhead(events: usize) -> usize {
@@ -1023,7 +1021,7 @@ impl WatchHub {
         let compacted = store.compacted_revision();
         let mut out: Vec<WatchResponse> = stream.outbox.drain(..).collect();
         // The response the next events of the same watcher may join.
-        let mut open: Option<(i64, usize)> = None;
+        let mut open: Option<usize> = None;
         let mut out_bytes = 0usize;
         let mut cancelled: Vec<(i64, WatchResponse)> = Vec::new();
         let mut behind = false;

@@ -154,18 +154,15 @@ impl Memtable {
         // version asked for is nearly always newer than every one kept (a
         // check before a write, which finds nothing) or the newest; any
         // other costs a binary search, not a scan of the key's history.
-        let Some(newest) = versions.last().map(|v| v.version) else {
-            return false;
-        };
-        let at = if newest < version {
-            return false;
-        } else if newest == version {
-            versions.len() - 1
-        } else {
-            match versions.binary_search_by_key(&version, |v| v.version) {
-                Ok(at) => at,
-                Err(_) => return false,
+        let at = match versions.last() {
+            Some(newest) if newest.version == version => versions.len() - 1,
+            Some(newest) if newest.version > version => {
+                match versions.binary_search_by_key(&version, |v| v.version) {
+                    Ok(at) => at,
+                    Err(_) => return false,
+                }
             }
+            _ => return false,
         };
         let removed = versions.remove(at);
         self.bytes -= key.len() + removed.value.len() + RECORD_OVERHEAD_BYTES;
@@ -713,7 +710,13 @@ impl<D: Disk> VersionStore<D> {
                         {
                             continue;
                         }
-                        for (i, block) in run.blocks().iter().enumerate() {
+                        // Blocks are in key order: from the one that may hold
+                        // `start` to the last that begins within the range.
+                        let blocks = run.blocks().iter().enumerate().skip(run.seek_block(start));
+                        for (i, block) in blocks {
+                            if !walkable_from(&block.first_key, end) {
+                                break;
+                            }
                             if block.max_version < version_min || block.min_version > version_max {
                                 continue;
                             }
