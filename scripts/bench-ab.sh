@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Two ferry builds side by side: the same put load against a fresh
+# Two ferry builds side by side: the same load against a fresh
 # `ferry dev` cluster of each, rounds alternating A, B, A, B, ... so that a
 # machine that gets busier or quieter affects both alike.
 #
 # Usage: scripts/bench-ab.sh PATH/TO/ferry-A PATH/TO/ferry-B   (release builds)
 #
 # Prints per round the requests/s and latency of `ferry bench` (run with
-# build B's binary for both) and the server CPU per put: user + system time
-# of the three member processes from /proc/PID/stat over the load, divided
-# by the requests. Environment: ROUNDS [3], REQUESTS [20000], BENCH_ARGS
+# build B's binary for both) and the server CPU per request: user + system
+# time of the three member processes from /proc/PID/stat over the whole
+# `ferry bench` run (a range workload's load phase and the warm-up
+# included), divided by the measured requests. Environment: ROUNDS [3],
+# REQUESTS [20000], WORKLOAD (`ferry bench --workload`) [put], BENCH_ARGS
 # (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [].
 set -euo pipefail
 A=$(realpath "$1")
 B=$(realpath "$2")
 ROUNDS=${ROUNDS:-3}
 REQUESTS=${REQUESTS:-20000}
+WORKLOAD=${WORKLOAD:-put}
 TICKS_PER_S=$(getconf CLK_TCK)
 
 # CPU ticks used so far by the children of process $1.
@@ -35,6 +38,8 @@ for round in $(seq "$ROUNDS"); do
         dir=$(mktemp -d)
         (cd "$dir" && exec "$bin" dev >dev.log 2>&1) &
         dev=$!
+        # A failed step must not leave the cluster holding the ports.
+        trap 'kill -INT "$dev" 2>/dev/null || true' EXIT
         # Every member must take clients, and a leader be elected.
         for port in 2379 22379 32379; do
             for _ in $(seq 100); do
@@ -45,15 +50,15 @@ for round in $(seq "$ROUNDS"); do
         sleep 3
         before=$(cpu_ticks "$dev")
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
-        result=$("$B" bench --requests "$REQUESTS" --workload put ${BENCH_ARGS:-} | grep '^RESULT')
+        result=$("$B" bench --requests "$REQUESTS" --workload "$WORKLOAD" ${BENCH_ARGS:-} | grep '^RESULT')
         after=$(cpu_ticks "$dev")
         kill -INT "$dev"
         wait "$dev" 2>/dev/null || true
         rm -rf "$dir"
-        us_per_put=$(( (after - before) * 1000000 / TICKS_PER_S / REQUESTS ))
+        us_per_request=$(( (after - before) * 1000000 / TICKS_PER_S / REQUESTS ))
         rps=$(echo "$result" | grep -o 'requests_per_s=[0-9.]*')
         p50=$(echo "$result" | grep -o ' p50_us=[0-9]*' | tr -d ' ')
         p99=$(echo "$result" | grep -o ' p99_us=[0-9]*' | tr -d ' ')
-        echo "round $round $name: $rps $p50 $p99 server_cpu_us_per_put=$us_per_put"
+        echo "round $round $name: $rps $p50 $p99 server_cpu_us_per_request=$us_per_request"
     done
 done

@@ -706,9 +706,22 @@ impl MvccStore {
         lease: i64,
     ) -> Result<(Option<KeyValue>, KeyValue), KvError> {
         debug_assert!(revision > self.revision);
-        // A second write of the same key in one revision replaces the first;
-        // txn validation prevents it, this keeps the history well-formed.
-        self.versions.undo(key, version_of(revision));
+        if sub_revision > 0 {
+            // A second write of the same key in one revision replaces the
+            // first; txn validation prevents it, this keeps the history
+            // well-formed.
+            self.versions.undo(key, version_of(revision));
+        } else {
+            // The first write of a revision has nothing of its revision to
+            // replace (a write transaction that failed half-way took all
+            // its versions back), so a plain put skips the look-up.
+            debug_assert!(self
+                .versions
+                .latest(key, u64::MAX)
+                .ok()
+                .flatten()
+                .is_none_or(|record| record.version < version_of(revision)));
+        }
         let previous = self.get(key, ReadAt::Latest)?.map(Arc::unwrap_or_clone);
         let (create_revision, version) = match &previous {
             Some(prev) => (prev.create_revision, prev.version + 1),

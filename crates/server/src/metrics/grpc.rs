@@ -13,7 +13,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
@@ -91,35 +91,67 @@ const fn m(service: &'static str, method: &'static str, kind: &'static str) -> M
 
 /// The etcd method a request path (`/etcdserverpb.KV/Put`) names, if any.
 pub fn method(path: &str) -> Option<&'static Method> {
+    method_index(path).map(|index| &METHODS[index.0])
+}
+
+/// A method's place in [`METHODS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MethodIndex(usize);
+
+fn method_index(path: &str) -> Option<MethodIndex> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
     METHODS
         .iter()
-        .find(|m| m.service == service && m.method == method)
+        .position(|m| m.service == service && m.method == method)
+        .map(MethodIndex)
+}
+
+/// gRPC's names of its status codes (as Go's `codes.Code.String()`), by
+/// value.
+const CODE_NAMES: [&str; CODES] = [
+    "OK",
+    "Canceled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+];
+
+/// A gRPC status code (below [`CODES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Code(u8);
+
+impl Code {
+    const CANCELED: Code = Code(1);
+    const UNKNOWN: Code = Code(2);
+
+    /// The code a `grpc-status` header or trailer carries; `Unknown` for
+    /// anything but a number below [`CODES`] written as gRPC writes it.
+    fn of_status(status: &[u8]) -> Code {
+        let value = match status {
+            [digit @ b'0'..=b'9'] => digit - b'0',
+            [b'1', digit @ b'0'..=b'6'] => 10 + (digit - b'0'),
+            _ => return Code::UNKNOWN,
+        };
+        Code(value)
+    }
 }
 
 /// gRPC's name of a status code (as Go's `codes.Code.String()`), from the
 /// value of a `grpc-status` header or trailer; `Unknown` for anything else.
 pub fn code_name(status: &[u8]) -> &'static str {
-    match status {
-        b"0" => "OK",
-        b"1" => "Canceled",
-        b"2" => "Unknown",
-        b"3" => "InvalidArgument",
-        b"4" => "DeadlineExceeded",
-        b"5" => "NotFound",
-        b"6" => "AlreadyExists",
-        b"7" => "PermissionDenied",
-        b"8" => "ResourceExhausted",
-        b"9" => "FailedPrecondition",
-        b"10" => "Aborted",
-        b"11" => "OutOfRange",
-        b"12" => "Unimplemented",
-        b"13" => "Internal",
-        b"14" => "Unavailable",
-        b"15" => "DataLoss",
-        b"16" => "Unauthenticated",
-        _ => "Unknown",
-    }
+    CODE_NAMES[usize::from(Code::of_status(status).0)]
 }
 
 /// The labels of `grpc_server_started_total`.
@@ -127,34 +159,73 @@ type StartedLabels = [(&'static str, &'static str); 3];
 /// The labels of `grpc_server_handled_total`.
 type HandledLabels = [(&'static str, &'static str); 4];
 
+/// gRPC's status codes by value (`grpc-status` 0 to 16), as
+/// [`code_name`] names them.
+const CODES: usize = 17;
+
 /// The call counts of one API server.
-#[derive(Debug, Default)]
+///
+/// Each request would otherwise look its counter up in a family by its
+/// labels (hashing four label pairs under a lock, twice per call); the
+/// counter of a method, or of a method and code, is looked up once, when
+/// it is first counted, and kept here. A family shows a label set only
+/// once it was created, so what the metrics page lists is unchanged: the
+/// methods and codes that were seen.
+#[derive(Debug)]
 pub struct GrpcMetrics {
     /// Calls started, by method.
     pub started: Family<StartedLabels, Counter>,
     /// Calls completed, by method and status code.
     pub handled: Family<HandledLabels, Counter>,
+    /// `started`'s counter of each method of [`METHODS`], by its index.
+    started_by_method: Box<[OnceLock<Counter>]>,
+    /// `handled`'s counter of each method and code, at
+    /// `method index * CODES + code`.
+    handled_by_method_code: Box<[OnceLock<Counter>]>,
+}
+
+impl Default for GrpcMetrics {
+    fn default() -> Self {
+        GrpcMetrics {
+            started: Family::default(),
+            handled: Family::default(),
+            started_by_method: (0..METHODS.len()).map(|_| OnceLock::new()).collect(),
+            handled_by_method_code: (0..METHODS.len() * CODES)
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
 }
 
 impl GrpcMetrics {
-    fn start(&self, method: &Method) {
-        self.started
-            .get_or_create(&[
-                ("grpc_type", method.kind),
-                ("grpc_service", method.service),
-                ("grpc_method", method.method),
-            ])
+    fn start(&self, method: MethodIndex) {
+        let info = &METHODS[method.0];
+        self.started_by_method[method.0]
+            .get_or_init(|| {
+                self.started
+                    .get_or_create(&[
+                        ("grpc_type", info.kind),
+                        ("grpc_service", info.service),
+                        ("grpc_method", info.method),
+                    ])
+                    .clone()
+            })
             .inc();
     }
 
-    fn handled(&self, method: &Method, code: &'static str) {
-        self.handled
-            .get_or_create(&[
-                ("grpc_type", method.kind),
-                ("grpc_service", method.service),
-                ("grpc_method", method.method),
-                ("grpc_code", code),
-            ])
+    fn handled(&self, method: MethodIndex, code: Code) {
+        let info = &METHODS[method.0];
+        self.handled_by_method_code[method.0 * CODES + usize::from(code.0)]
+            .get_or_init(|| {
+                self.handled
+                    .get_or_create(&[
+                        ("grpc_type", info.kind),
+                        ("grpc_service", info.service),
+                        ("grpc_method", info.method),
+                        ("grpc_code", CODE_NAMES[usize::from(code.0)]),
+                    ])
+                    .clone()
+            })
             .inc();
     }
 
@@ -167,10 +238,7 @@ impl GrpcMetrics {
         else {
             return 0;
         };
-        let Some(code) = (0..=16u8)
-            .map(|n| code_name(n.to_string().as_bytes()))
-            .find(|name| *name == code)
-        else {
+        let Some(code) = CODE_NAMES.iter().find(|name| **name == code) else {
             return 0;
         };
         self.handled
@@ -232,7 +300,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let method = method(request.uri().path());
+        let method = method_index(request.uri().path());
         if let Some(method) = method {
             self.metrics.start(method);
         }
@@ -250,7 +318,7 @@ where
                 Ok(response) => response,
                 Err(error) => {
                     if let Some(outcome) = outcome.as_mut() {
-                        outcome.record("Unknown");
+                        outcome.record(Code::UNKNOWN);
                     }
                     return Err(error);
                 }
@@ -260,7 +328,7 @@ where
             // (a trailers-only response).
             if let Some(status) = parts.headers.get("grpc-status") {
                 if let Some(outcome) = outcome.as_mut() {
-                    outcome.record(code_name(status.as_bytes()));
+                    outcome.record(Code::of_status(status.as_bytes()));
                 }
             }
             Ok(http::Response::from_parts(
@@ -278,12 +346,12 @@ where
 #[derive(Debug)]
 struct Outcome {
     metrics: Arc<GrpcMetrics>,
-    method: &'static Method,
+    method: MethodIndex,
     recorded: bool,
 }
 
 impl Outcome {
-    fn record(&mut self, code: &'static str) {
+    fn record(&mut self, code: Code) {
         if !self.recorded {
             self.recorded = true;
             self.metrics.handled(self.method, code);
@@ -294,7 +362,7 @@ impl Outcome {
 impl Drop for Outcome {
     fn drop(&mut self) {
         // Dropped before a status was sent: the client went away.
-        self.record("Canceled");
+        self.record(Code::CANCELED);
     }
 }
 
@@ -321,12 +389,12 @@ impl<B: Body + Unpin> Body for CountedBody<B> {
                     if let Some(trailers) = frame.trailers_ref() {
                         let code = trailers
                             .get("grpc-status")
-                            .map_or("Unknown", |status| code_name(status.as_bytes()));
+                            .map_or(Code::UNKNOWN, |status| Code::of_status(status.as_bytes()));
                         outcome.record(code);
                     }
                 }
                 // The body failed, or ended with no status at all.
-                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => outcome.record("Unknown"),
+                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => outcome.record(Code::UNKNOWN),
                 Poll::Pending => {}
             }
         }
@@ -390,6 +458,10 @@ mod tests {
         assert_eq!(code_name(b"16"), "Unauthenticated");
         for bad in [&b""[..], b"17", b"-1", b"00", b" 0", b"OK", b"\xff"] {
             assert_eq!(code_name(bad), "Unknown", "{bad:?}");
+        }
+        for value in 0..CODES {
+            let code = Code::of_status(value.to_string().as_bytes());
+            assert_eq!(usize::from(code.0), value);
         }
     }
 

@@ -229,9 +229,28 @@ fn a_txn_past_its_response_limit_is_refused_whole_and_its_writes_undone() {
         assert_eq!(m.kv.store(), before.store());
         assert_eq!(m.kv.leases(), before.leases());
         assert_eq!(m.kv.applied_index(), before.applied_index() + 1);
-        // And the store goes on as before.
+        // And the store goes on as before: the next put takes the revision
+        // the txn gave back, as the first write of it, and finds the key as
+        // it was before the txn (a plain put does not look for a version
+        // of its own revision to replace).
         m.ok(put_cmd("k0", "x"));
         assert_eq!(m.revision(), before.store().revision() + 1);
+        let k0 = m
+            .kv
+            .store()
+            .get(b"k0", crate::mvcc::ReadAt::Latest)
+            .unwrap()
+            .unwrap();
+        assert_eq!(k0.value, "x".as_bytes());
+        assert_eq!(k0.version, 2);
+        assert_eq!(k0.mod_revision, m.revision());
+        assert_eq!(k0.lease, 0);
+        assert!(m
+            .kv
+            .store()
+            .get(b"new", crate::mvcc::ReadAt::Latest)
+            .unwrap()
+            .is_none());
     }
 }
 
