@@ -146,18 +146,36 @@ impl Code {
         };
         Code(value)
     }
+
+    /// Its name, as Go's `codes.Code.String()`.
+    fn name(self) -> &'static str {
+        CODE_NAMES[usize::from(self.0)]
+    }
 }
 
 /// gRPC's name of a status code (as Go's `codes.Code.String()`), from the
 /// value of a `grpc-status` header or trailer; `Unknown` for anything else.
 pub fn code_name(status: &[u8]) -> &'static str {
-    CODE_NAMES[usize::from(Code::of_status(status).0)]
+    Code::of_status(status).name()
 }
 
 /// The labels of `grpc_server_started_total`.
 type StartedLabels = [(&'static str, &'static str); 3];
 /// The labels of `grpc_server_handled_total`.
 type HandledLabels = [(&'static str, &'static str); 4];
+
+fn started_labels(method: &Method) -> StartedLabels {
+    [
+        ("grpc_type", method.kind),
+        ("grpc_service", method.service),
+        ("grpc_method", method.method),
+    ]
+}
+
+fn handled_labels(method: &Method, code: &'static str) -> HandledLabels {
+    let [kind, service, name] = started_labels(method);
+    [kind, service, name, ("grpc_code", code)]
+}
 
 /// gRPC's status codes by value (`grpc-status` 0 to 16), as
 /// [`code_name`] names them.
@@ -199,32 +217,19 @@ impl Default for GrpcMetrics {
 
 impl GrpcMetrics {
     fn start(&self, method: MethodIndex) {
-        let info = &METHODS[method.0];
         self.started_by_method[method.0]
             .get_or_init(|| {
-                self.started
-                    .get_or_create(&[
-                        ("grpc_type", info.kind),
-                        ("grpc_service", info.service),
-                        ("grpc_method", info.method),
-                    ])
-                    .clone()
+                let labels = started_labels(&METHODS[method.0]);
+                self.started.get_or_create(&labels).clone()
             })
             .inc();
     }
 
     fn handled(&self, method: MethodIndex, code: Code) {
-        let info = &METHODS[method.0];
         self.handled_by_method_code[method.0 * CODES + usize::from(code.0)]
             .get_or_init(|| {
-                self.handled
-                    .get_or_create(&[
-                        ("grpc_type", info.kind),
-                        ("grpc_service", info.service),
-                        ("grpc_method", info.method),
-                        ("grpc_code", CODE_NAMES[usize::from(code.0)]),
-                    ])
-                    .clone()
+                let labels = handled_labels(&METHODS[method.0], code.name());
+                self.handled.get_or_create(&labels).clone()
             })
             .inc();
     }
@@ -242,12 +247,7 @@ impl GrpcMetrics {
             return 0;
         };
         self.handled
-            .get(&[
-                ("grpc_type", method.kind),
-                ("grpc_service", method.service),
-                ("grpc_method", method.method),
-                ("grpc_code", code),
-            ])
+            .get(&handled_labels(method, code))
             .map_or(0, |counter| counter.get())
     }
 }

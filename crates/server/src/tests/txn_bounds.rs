@@ -235,12 +235,11 @@ fn a_txn_past_its_response_limit_is_refused_whole_and_its_writes_undone() {
         // of its own revision to replace).
         m.ok(put_cmd("k0", "x"));
         assert_eq!(m.revision(), before.store().revision() + 1);
-        let k0 = m
-            .kv
-            .store()
-            .get(b"k0", crate::mvcc::ReadAt::Latest)
-            .unwrap()
-            .unwrap();
+        let k0 =
+            m.kv.store()
+                .get(b"k0", crate::mvcc::ReadAt::Latest)
+                .unwrap()
+                .unwrap();
         assert_eq!(k0.value, "x".as_bytes());
         assert_eq!(k0.version, 2);
         assert_eq!(k0.mod_revision, m.revision());
