@@ -1502,9 +1502,11 @@ async fn hostile_peer_connections_cannot_grow_the_node_or_flood_its_log() {
     }
     let after_kib = proc_status_kib(pid, "VmHWM");
     eprintln!("peak memory before the hostile peers {before_kib} KiB, after {after_kib} KiB");
-    // Before the fix: over 600 MB more.
+    // Before the fix: over 600 MB more; with frames grown by doubling
+    // under an allocator that copies on growth, twice the budget (500 MB).
+    // Now the budget (256 MiB) and what the process needs besides.
     assert!(
-        after_kib < before_kib + 400 * 1024,
+        after_kib < before_kib + 336 * 1024,
         "the node's peak memory grew from {before_kib} KiB to {after_kib} KiB\n{}",
         cluster.log()
     );

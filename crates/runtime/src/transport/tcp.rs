@@ -585,18 +585,121 @@ struct ReadLimits<'a> {
 /// sent together (a leader's appends and a follower's answers come many at
 /// once); without a budget (before the handshake) it never reads past the
 /// frame in progress.
+///
+/// A frame larger than [`LARGE_FRAME_BYTES`] arrives in pieces, each
+/// allocated at its final size, and is put together once when whole (and
+/// each piece freed as it is copied). Growing one buffer by doubling would
+/// copy the frame at every step and, with an allocator that does not remap
+/// large blocks in place, hold the old and the new copy at once: peers
+/// holding a budget's worth of half-sent frames then made the node hold
+/// twice the budget.
 struct FrameReader {
+    /// The bytes read after the pieces: a frame's header and body, or the
+    /// last piece of a large frame.
     buffer: BytesMut,
-    /// The budget's permits for the bytes in `buffer`.
+    /// The large frame in progress, if one is.
+    large: Option<LargeFrame>,
+    /// The budget's permits for the bytes in `buffer` and `large`.
     held: Option<OwnedSemaphorePermit>,
 }
+
+/// The first pieces of a frame larger than [`LARGE_FRAME_BYTES`].
+struct LargeFrame {
+    /// Filled pieces, in order; the first begins with the frame's header.
+    pieces: Vec<Bytes>,
+    /// The bytes in `pieces`.
+    pieces_bytes: usize,
+    /// The whole frame's bytes, header included.
+    frame_bytes: usize,
+}
+
+/// Frames above this size are read in pieces of this size (see
+/// [`FrameReader`]).
+const LARGE_FRAME_BYTES: usize = 1 << 20;
 
 impl FrameReader {
     fn new() -> FrameReader {
         FrameReader {
             buffer: BytesMut::new(),
+            large: None,
             held: None,
         }
+    }
+
+    /// The bytes read and not yet returned as frames.
+    fn held_bytes(&self) -> usize {
+        let pieces_bytes = self.large.as_ref().map_or(0, |large| large.pieces_bytes);
+        pieces_bytes + self.buffer.len()
+    }
+
+    /// The bytes still to read for the frame in progress (for the header
+    /// first, while it is not whole), and the frame's size once known.
+    fn frame_missing(&self) -> (usize, Option<usize>) {
+        match &self.large {
+            Some(large) => (
+                large.frame_bytes.saturating_sub(self.held_bytes()),
+                Some(large.frame_bytes),
+            ),
+            None => {
+                let missing = frame_bytes_missing(&self.buffer);
+                let known = (self.buffer.len() >= FRAME_HEADER_BYTES)
+                    .then(|| missing.saturating_add(self.buffer.len()));
+                (missing, known)
+            }
+        }
+    }
+
+    /// Makes room in `buffer` for a read of up to `wanted` bytes and returns
+    /// how many the read may take. A large frame gets a new piece when the
+    /// last is full, and never a bigger one; a frame's last piece is put
+    /// together with the others once it has arrived.
+    fn make_room(&mut self, wanted: usize) -> usize {
+        let (missing, frame_bytes) = self.frame_missing();
+        let Some(frame_bytes) = frame_bytes.filter(|&bytes| bytes > LARGE_FRAME_BYTES) else {
+            self.buffer.reserve(wanted);
+            return wanted;
+        };
+        let spare = self.buffer.capacity() - self.buffer.len();
+        if spare > 0 && (self.large.is_some() || spare >= missing) {
+            return wanted.min(spare);
+        }
+        let large = self.large.get_or_insert(LargeFrame {
+            pieces: Vec::new(),
+            pieces_bytes: 0,
+            frame_bytes,
+        });
+        if !self.buffer.is_empty() {
+            let piece = std::mem::take(&mut self.buffer).freeze();
+            large.pieces_bytes += piece.len();
+            large.pieces.push(piece);
+        }
+        // The piece ends with the frame, or a read ahead past it may use
+        // what a chunk has left.
+        let piece_bytes = if missing < READ_CHUNK_BYTES {
+            READ_CHUNK_BYTES
+        } else {
+            missing.min(LARGE_FRAME_BYTES)
+        };
+        self.buffer = BytesMut::with_capacity(piece_bytes);
+        wanted.min(piece_bytes)
+    }
+
+    /// Puts a large frame together once all of it has arrived, so that
+    /// [`decode_frame`] finds it whole at the front of `buffer`.
+    fn join_pieces(&mut self) {
+        let Some(large) = self
+            .large
+            .take_if(|large| self.buffer.len() + large.pieces_bytes >= large.frame_bytes)
+        else {
+            return;
+        };
+        let mut joined = BytesMut::with_capacity(large.pieces_bytes + self.buffer.len());
+        for piece in large.pieces {
+            // Each piece is freed once copied.
+            joined.extend_from_slice(&piece);
+        }
+        joined.extend_from_slice(&self.buffer);
+        self.buffer = joined;
     }
 
     /// The next frame and its share of the budget.
@@ -607,7 +710,13 @@ impl FrameReader {
     ) -> Result<(Bytes, BufferLease), ConnectionError> {
         let mut frame_deadline: Option<Instant> = None;
         loop {
-            if let Some(payload) = decode_frame(&mut self.buffer, limits.frame_bytes_max)? {
+            // While a large frame is in pieces, `buffer` holds only its last.
+            self.join_pieces();
+            let whole = match self.large {
+                Some(_) => None,
+                None => decode_frame(&mut self.buffer, limits.frame_bytes_max)?,
+            };
+            if let Some(payload) = whole {
                 let frame_bytes = FRAME_HEADER_BYTES.saturating_add(payload.len());
                 // The frame takes its bytes' share of what is held; the
                 // bytes read past it keep theirs.
@@ -625,14 +734,14 @@ impl FrameReader {
                     payload
                 };
                 debug_assert!(
-                    self.held.as_ref().map_or(0, |held| held.num_permits()) == self.buffer.len()
+                    self.held.as_ref().map_or(0, |held| held.num_permits()) == self.held_bytes()
                         || limits.budget.is_none(),
                     "every byte held is paid for"
                 );
                 return Ok((payload, BufferLease(lease)));
             }
-            if frame_deadline.is_none() && self.buffer.len() >= FRAME_HEADER_BYTES {
-                let frame_bytes = frame_bytes_missing(&self.buffer) + self.buffer.len();
+            let (missing, frame_bytes) = self.frame_missing();
+            if let (None, Some(frame_bytes)) = (frame_deadline, frame_bytes) {
                 let transfer = Duration::from_secs(frame_bytes as u64 / FRAME_BYTES_PER_SECOND_MIN);
                 frame_deadline =
                     Instant::now().checked_add(limits.read_timeout.saturating_add(transfer));
@@ -641,8 +750,8 @@ impl FrameReader {
             // (before the header is whole its length is not checked yet)...
             let frame_bytes_allowed =
                 FRAME_HEADER_BYTES.saturating_add(limits.frame_bytes_max as usize);
-            let missing = frame_bytes_missing(&self.buffer)
-                .min(frame_bytes_allowed.saturating_sub(self.buffer.len()))
+            let missing = missing
+                .min(frame_bytes_allowed.saturating_sub(self.held_bytes()))
                 .clamp(1, READ_CHUNK_BYTES);
             let mut wanted = missing;
             if let Some(budget) = limits.budget {
@@ -702,7 +811,12 @@ impl FrameReader {
                     None => self.held = Some(paid),
                 }
             }
-            self.buffer.reserve(wanted);
+            let room = self.make_room(wanted);
+            if let Some(held) = self.held.as_mut() {
+                // Give back what was paid for and has no room in this read.
+                drop(held.split(wanted - room));
+            }
+            let wanted = room;
             let mut deadline = Instant::now()
                 .checked_add(limits.read_timeout)
                 .unwrap_or_else(far_future);
@@ -720,9 +834,8 @@ impl FrameReader {
                 Ok(Ok(n)) => n,
                 Ok(Err(error)) => return Err(ConnectionError::Io(error)),
                 Err(_) if frame_deadline.is_some_and(|at| Instant::now() >= at) => {
-                    return Err(ConnectionError::Slow(
-                        frame_bytes_missing(&self.buffer) + self.buffer.len(),
-                    ));
+                    let (missing, _) = self.frame_missing();
+                    return Err(ConnectionError::Slow(missing + self.held_bytes()));
                 }
                 Err(_) => return Err(ConnectionError::Silent(limits.read_timeout)),
             };
@@ -1073,6 +1186,76 @@ mod tests {
         assert_eq!(held, wire.len());
         assert_eq!(budget.available_permits(), (16 << 20) - wire.len());
         drop(leases);
+        assert_eq!(budget.available_permits(), 16 << 20);
+    }
+
+    #[tokio::test]
+    async fn large_frames_arrive_in_pieces_and_are_put_together_whole() {
+        let large_a: Vec<u8> = (0..5 << 19).map(|i| (i % 251) as u8).collect();
+        let large_b = vec![7u8; LARGE_FRAME_BYTES + 1];
+        let mut wire = BytesMut::new();
+        encode_frame(&large_a, &mut wire);
+        encode_frame(b"small", &mut wire);
+        encode_frame(&large_b, &mut wire);
+        let mut stream = CountingReader {
+            bytes: wire.to_vec(),
+            reads: 0,
+        };
+        let budget = Arc::new(Semaphore::new(16 << 20));
+        let limits = ReadLimits {
+            frame_bytes_max: 4 << 20,
+            budget: Some(&budget),
+            read_timeout: Duration::from_secs(5),
+        };
+        let mut reader = FrameReader::new();
+        let mut leases = Vec::new();
+        for expected in [&large_a[..], b"small", &large_b[..]] {
+            let (payload, lease) = reader.next(&mut stream, &limits).await.unwrap();
+            assert!(payload == expected, "a frame of {} bytes", expected.len());
+            assert_eq!(lease.bytes(), FRAME_HEADER_BYTES + expected.len());
+            leases.push(lease);
+        }
+        assert!(reader.large.is_none() && reader.buffer.is_empty());
+        assert_eq!(budget.available_permits(), (16 << 20) - wire.len());
+        drop(leases);
+        assert_eq!(budget.available_permits(), 16 << 20);
+    }
+
+    #[tokio::test]
+    async fn a_half_sent_large_frame_is_held_in_pieces_of_at_most_a_mebibyte() {
+        // 3 MiB of an 8 MiB frame, then the peer goes away. Before, the
+        // buffer doubled to 4 MiB, copying the frame at each step.
+        let mut wire = BytesMut::new();
+        encode_frame(&vec![1u8; 8 << 20], &mut wire);
+        wire.truncate(3 << 20);
+        let mut stream = CountingReader {
+            bytes: wire.to_vec(),
+            reads: 0,
+        };
+        let budget = Arc::new(Semaphore::new(16 << 20));
+        let limits = ReadLimits {
+            frame_bytes_max: 8 << 20,
+            budget: Some(&budget),
+            read_timeout: Duration::from_secs(5),
+        };
+        let mut reader = FrameReader::new();
+        let error = reader.next(&mut stream, &limits).await.unwrap_err();
+        assert!(matches!(error, ConnectionError::Closed), "{error}");
+        let large = reader.large.as_ref().expect("the frame is read in pieces");
+        assert_eq!(large.frame_bytes, FRAME_HEADER_BYTES + (8 << 20));
+        assert_eq!(reader.held_bytes(), 3 << 20);
+        assert!(large.pieces.len() >= 2);
+        assert!(reader.buffer.capacity() <= LARGE_FRAME_BYTES);
+        for piece in &large.pieces {
+            assert!(
+                piece.len() <= LARGE_FRAME_BYTES,
+                "a piece of {}",
+                piece.len()
+            );
+        }
+        // What is held is paid for, and given back with the reader.
+        assert_eq!(budget.available_permits(), (16 << 20) - (3 << 20));
+        drop(reader);
         assert_eq!(budget.available_permits(), 16 << 20);
     }
 
