@@ -351,19 +351,26 @@ else
   expect "tls: auth disable as the CN's root" "^Authentication Disabled" \
     "$(tctl --endpoints=https://127.0.0.1:22379 auth disable 2>&1)"
 fi
-kill -INT "$DEV_PID" 2>/dev/null
+# This one is stopped with SIGTERM (plain `kill`): it must take its nodes
+# down as SIGINT does, not leave them serving on the ports.
+kill -TERM "$DEV_PID" 2>/dev/null
 for _ in $(seq 1 300); do
   kill -0 "$DEV_PID" 2>/dev/null || break
   sleep 0.1
 done
 if kill -0 "$DEV_PID" 2>/dev/null; then
-  fail "ferry dev --tls did not stop within 30 s of SIGINT"
+  fail "ferry dev --tls did not stop within 30 s of SIGTERM"
 else
   wait "$DEV_PID"
   code=$?
   DEV_PID=""
-  [[ "$code" -eq 0 ]] || fail "ferry dev --tls exited with status $code after SIGINT"
+  [[ "$code" -eq 0 ]] || fail "ferry dev --tls exited with status $code after SIGTERM"
 fi
+for pid in $NODE_PIDS; do
+  if kill -0 "$pid" 2>/dev/null; then
+    fail "node process $pid is still running after ferry dev --tls stopped"
+  fi
+done
 
 echo "== quota: NOSPACE past --quota-backend-bytes, then compact, defrag, alarm disarm"
 # One member with a 2 MB quota, on ports of its own.

@@ -405,10 +405,21 @@ pub fn run(args: DevArgs) -> ExitCode {
                 );
             }
         }
-        println!("ferry dev: Ctrl-C stops every node");
+        println!("ferry dev: Ctrl-C (or SIGTERM) stops every node");
+        // `kill` (SIGTERM) stops them too: a script that ends a dev cluster
+        // with it must not leave its members serving on the ports.
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(error) => {
+                    eprintln!("ferry dev: cannot listen for SIGTERM: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
+                _ = terminate.recv() => break,
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
             reap(&mut nodes);

@@ -515,6 +515,7 @@ impl NodeHost {
             group,
             workers: self.inner.workers.clone(),
             view,
+            reads: Arc::default(),
             metrics: self.inner.metrics.clone(),
             machine: PhantomData,
         })
@@ -833,9 +834,36 @@ pub struct GroupHandle<M: StateMachine> {
     group: GroupId,
     workers: Workers,
     view: Arc<Mutex<GroupView>>,
+    reads: Arc<SharedReads>,
     metrics: Arc<HostMetrics>,
     machine: PhantomData<fn() -> M>,
 }
+
+/// The linearizable read barriers of one group on this node, shared among
+/// their callers: a caller that asks while a barrier is in flight waits for
+/// the next one, which starts when the one in flight ends and answers every
+/// caller that asked meanwhile. Each caller's barrier still starts after it
+/// asked, so what it reads is linearizable; a node serving many reads at
+/// once asks the engine (and, on a follower, the leader) once per round
+/// trip instead of once per read.
+#[derive(Default)]
+struct SharedReads {
+    state: Mutex<SharedReadsState>,
+}
+
+#[derive(Default)]
+struct SharedReadsState {
+    /// Whether a task runs barriers for the callers waiting (it takes all
+    /// of `waiting` when it starts the next one, and ends when none wait).
+    running: bool,
+    /// The callers the next barrier answers: its index, or `None` when it
+    /// failed (each then asks alone, for its own error).
+    waiting: Vec<oneshot::Sender<Option<Index>>>,
+}
+
+/// The most callers waiting for a group's next shared barrier; callers
+/// past it ask the engine alone (which bounds what it holds itself).
+const SHARED_READS_WAITING_MAX: usize = 16 * 1024;
 
 impl<M: StateMachine> Clone for GroupHandle<M> {
     fn clone(&self) -> Self {
@@ -843,6 +871,7 @@ impl<M: StateMachine> Clone for GroupHandle<M> {
             group: self.group,
             workers: self.workers.clone(),
             view: self.view.clone(),
+            reads: self.reads.clone(),
             metrics: self.metrics.clone(),
             machine: PhantomData,
         }
@@ -915,7 +944,60 @@ impl<M: StateMachine> GroupHandle<M> {
     /// consistency asks for, and returns the index applied: for an embedder
     /// that reads the machine's state itself (shared with its own threads)
     /// rather than through [`GroupHandle::query`].
+    ///
+    /// Linearizable barriers asked for at the same time share one round of
+    /// the engine's read index (counted in [`HostMetrics::read_rounds`](crate::HostMetrics::read_rounds)).
     pub async fn read_barrier(&self, consistency: ReadConsistency) -> Result<Index, GroupError> {
+        if !matches!(consistency, ReadConsistency::Linearizable) {
+            return self.barrier_alone(consistency).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        let start_rounds = {
+            let mut reads = lock(&self.reads.state);
+            if reads.waiting.len() >= SHARED_READS_WAITING_MAX {
+                None
+            } else {
+                reads.waiting.push(reply);
+                Some(!std::mem::replace(&mut reads.running, true))
+            }
+        };
+        match start_rounds {
+            None => return self.barrier_alone(consistency).await,
+            Some(true) => {
+                tokio::spawn(self.clone().run_shared_reads());
+            }
+            Some(false) => {}
+        }
+        match answer.await {
+            Ok(Some(index)) => Ok(index),
+            // The shared barrier failed: ask alone, for this caller's own
+            // answer (another leader may be known by now, or the error).
+            Ok(None) | Err(_) => self.barrier_alone(consistency).await,
+        }
+    }
+
+    /// Runs shared linearizable barriers while callers wait for one.
+    async fn run_shared_reads(self) {
+        loop {
+            let callers = {
+                let mut reads = lock(&self.reads.state);
+                if reads.waiting.is_empty() {
+                    reads.running = false;
+                    return;
+                }
+                std::mem::take(&mut reads.waiting)
+            };
+            self.metrics.read_rounds.inc();
+            let index = self.barrier_alone(ReadConsistency::Linearizable).await.ok();
+            for caller in callers {
+                // A caller that stopped waiting needs no answer.
+                let _ = caller.send(index);
+            }
+        }
+    }
+
+    /// A barrier of this caller's own.
+    async fn barrier_alone(&self, consistency: ReadConsistency) -> Result<Index, GroupError> {
         self.call(|reply| Call::Barrier { consistency, reply })
             .await
     }

@@ -69,6 +69,10 @@ pub struct HostMetrics {
     pub proposals_failed: Counter,
     /// Proposals made through group handles and not answered yet.
     pub proposals_pending: Gauge,
+    /// Read index rounds asked of the engine for linearizable read
+    /// barriers through group handles; one answers every caller that was
+    /// waiting when it started (compare with the reads served).
+    pub read_rounds: Counter,
 }
 
 impl Default for HostMetrics {
@@ -82,6 +86,7 @@ impl Default for HostMetrics {
             leader_changes: Counter::default(),
             proposals_failed: Counter::default(),
             proposals_pending: Gauge::default(),
+            read_rounds: Counter::default(),
         }
     }
 }

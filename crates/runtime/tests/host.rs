@@ -1046,3 +1046,62 @@ async fn a_proposal_whose_caller_stops_waiting_counts_as_failed() {
     assert_eq!(host.metrics().proposals_pending.get(), 0);
     assert_eq!(host.metrics().proposals_failed.get(), 1);
 }
+
+/// Linearizable reads on a follower asked at the same time share read
+/// index rounds, and each still sees every write acknowledged before it
+/// asked: 20 times, a write through the leader, then 50 reads at once on a
+/// follower (a barrier, then the machine at the index it returned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_asked_together_share_a_read_index_round_and_see_every_write_before_them() {
+    let mut cluster = Cluster::new("shared-reads", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=3 {
+        let host = cluster.start(id).await.clone();
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let leader = leader_of(&handles[&1]).await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    propose(&handles[&leader], "warm-up".to_owned()).await;
+    read(&handles[&follower]).await;
+    let rounds_before = cluster.hosts[&follower].metrics().read_rounds.get();
+    const WRITES: usize = 20;
+    const READS_PER_WRITE: usize = 50;
+    for i in 0..WRITES {
+        let line = format!("write-{i}");
+        propose(&handles[&leader], line.clone()).await;
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..READS_PER_WRITE {
+            let handle = handles[&follower].clone();
+            reads.spawn(async move {
+                let index = handle
+                    .read_barrier(ReadConsistency::Linearizable)
+                    .await
+                    .unwrap();
+                handle
+                    .query(
+                        (),
+                        ReadConsistency::Local {
+                            min_applied: Some(index),
+                        },
+                    )
+                    .await
+                    .unwrap()
+            });
+        }
+        while let Some(lines) = reads.join_next().await {
+            let lines = lines.unwrap();
+            assert_eq!(lines.last(), Some(&line), "a read missed write {i}");
+        }
+    }
+    let rounds = cluster.hosts[&follower].metrics().read_rounds.get() - rounds_before;
+    let reads = (WRITES * READS_PER_WRITE) as u64;
+    assert!(rounds >= WRITES as u64, "{rounds} rounds");
+    assert!(
+        rounds * 5 <= reads,
+        "{reads} reads took {rounds} read index rounds"
+    );
+}

@@ -126,6 +126,11 @@ impl NodeMetrics {
             "The total number of failed proposals seen",
             runtime.proposals_failed.clone(),
         );
+        r.register(
+            "ferry_server_read_index_rounds",
+            "Read index rounds run for linearizable reads; one serves every read waiting when it starts",
+            runtime.read_rounds.clone(),
+        );
 
         // Disk and network.
         r.register(
