@@ -31,8 +31,20 @@ cpu_ticks() {
     echo "$total"
 }
 
+# A cluster left on the ports would be measured instead of the build (its
+# members are not children of this script's `ferry dev`: CPU 0).
+ports_free() {
+    for port in 2379 22379 32379 2380 22380 32380; do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "bench-ab: port $port is in use (a cluster left running?)" >&2
+            return 1
+        fi
+    done
+}
+
 for round in $(seq "$ROUNDS"); do
     for name in A B; do
+        ports_free || exit 1
         bin=$A
         [ "$name" = B ] && bin=$B
         dir=$(mktemp -d)
