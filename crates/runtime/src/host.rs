@@ -865,6 +865,53 @@ struct SharedReadsState {
 /// past it ask the engine alone (which bounds what it holds itself).
 const SHARED_READS_WAITING_MAX: usize = 16 * 1024;
 
+/// The task that runs a group's shared barriers while callers wait for one.
+struct SharedReadsRunner<M: StateMachine> {
+    handle: GroupHandle<M>,
+    /// Set when it ended by finding no caller waiting.
+    finished: bool,
+}
+
+impl<M: StateMachine> SharedReadsRunner<M> {
+    async fn run(mut self) {
+        loop {
+            let callers = {
+                let mut reads = lock(&self.handle.reads.state);
+                if reads.waiting.is_empty() {
+                    reads.running = false;
+                    self.finished = true;
+                    return;
+                }
+                std::mem::take(&mut reads.waiting)
+            };
+            self.handle.metrics.read_rounds.inc();
+            let index = self
+                .handle
+                .barrier_alone(ReadConsistency::Linearizable)
+                .await
+                .ok();
+            for caller in callers {
+                // A caller that stopped waiting needs no answer.
+                let _ = caller.send(index);
+            }
+        }
+    }
+}
+
+impl<M: StateMachine> Drop for SharedReadsRunner<M> {
+    /// A runner dropped before it finished (its tokio runtime shut down,
+    /// perhaps before it ever ran) hands its callers back: each asks alone,
+    /// and the next caller starts a runner again, rather than every later
+    /// caller waiting for one that is gone.
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut reads = lock(&self.handle.reads.state);
+            reads.running = false;
+            reads.waiting.clear();
+        }
+    }
+}
+
 impl<M: StateMachine> Clone for GroupHandle<M> {
     fn clone(&self) -> Self {
         GroupHandle {
@@ -964,7 +1011,11 @@ impl<M: StateMachine> GroupHandle<M> {
         match start_rounds {
             None => return self.barrier_alone(consistency).await,
             Some(true) => {
-                tokio::spawn(self.clone().run_shared_reads());
+                let runner = SharedReadsRunner {
+                    handle: self.clone(),
+                    finished: false,
+                };
+                tokio::spawn(runner.run());
             }
             Some(false) => {}
         }
@@ -973,26 +1024,6 @@ impl<M: StateMachine> GroupHandle<M> {
             // The shared barrier failed: ask alone, for this caller's own
             // answer (another leader may be known by now, or the error).
             Ok(None) | Err(_) => self.barrier_alone(consistency).await,
-        }
-    }
-
-    /// Runs shared linearizable barriers while callers wait for one.
-    async fn run_shared_reads(self) {
-        loop {
-            let callers = {
-                let mut reads = lock(&self.reads.state);
-                if reads.waiting.is_empty() {
-                    reads.running = false;
-                    return;
-                }
-                std::mem::take(&mut reads.waiting)
-            };
-            self.metrics.read_rounds.inc();
-            let index = self.barrier_alone(ReadConsistency::Linearizable).await.ok();
-            for caller in callers {
-                // A caller that stopped waiting needs no answer.
-                let _ = caller.send(index);
-            }
         }
     }
 

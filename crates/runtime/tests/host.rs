@@ -1105,3 +1105,53 @@ async fn reads_asked_together_share_a_read_index_round_and_see_every_write_befor
         "{reads} reads took {rounds} read index rounds"
     );
 }
+
+/// The task that runs shared read barriers lives on the runtime of the
+/// caller that started it. When that runtime shuts down with a barrier in
+/// flight (here: the leader has lost its quorum, so the barrier waits), the
+/// callers after it must not wait for a task that is gone: they ask again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_that_goes_away_mid_read_does_not_leave_later_reads_waiting() {
+    let mut cluster = Cluster::new("shared-reads-runtime", 3);
+    let mut handles = BTreeMap::new();
+    for id in 1..=2 {
+        let host = cluster.start(id).await.clone();
+        let handle = host
+            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+            .await
+            .unwrap();
+        handles.insert(id, handle);
+    }
+    let leader = leader_of(&handles[&1]).await;
+    propose(&handles[&leader], "before".to_owned()).await;
+    // The leader's barriers now wait for a quorum that does not answer.
+    cluster.stop(3 - leader).await;
+    let handle = handles[&leader].clone();
+    let caller = handle.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            // Starts the runner on this runtime, and stops waiting.
+            let _ = tokio::time::timeout(
+                Duration::from_millis(50),
+                caller.read_barrier(ReadConsistency::Linearizable),
+            )
+            .await;
+        });
+        // The runner is dropped here, its barrier in flight.
+        drop(runtime);
+    })
+    .join()
+    .unwrap();
+    // Answered (an error: no quorum) within the engine's request timeout,
+    // not left waiting for the runner that is gone.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        handle.read_barrier(ReadConsistency::Linearizable),
+    )
+    .await;
+    assert!(answer.is_ok(), "a read after the runtime went away waited");
+}
