@@ -126,6 +126,21 @@ impl Cluster {
         &self.hosts[&id]
     }
 
+    /// Starts hosts 1 to `hosts` with group 1 of members 1, 2 and 3, a
+    /// journal, on each; their handles by host.
+    async fn start_journals(&mut self, hosts: u64) -> BTreeMap<u64, GroupHandle<Journal>> {
+        let mut handles = BTreeMap::new();
+        for id in 1..=hosts {
+            let host = self.start(id).await.clone();
+            let handle = host
+                .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
+                .await
+                .unwrap();
+            handles.insert(id, handle);
+        }
+        handles
+    }
+
     async fn stop(&mut self, id: u64) {
         if let Some(host) = self.hosts.remove(&id) {
             host.shutdown().await;
@@ -414,15 +429,7 @@ fn snapshot_files(cluster: &Cluster, id: u64, group: u64) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_that_does_not_restore_is_refused_and_the_next_is_installed() {
     let mut cluster = Cluster::new("refused", 3);
-    let mut handles = BTreeMap::new();
-    for id in 1..=2 {
-        let host = cluster.start(id).await.clone();
-        let handle = host
-            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
-            .await
-            .unwrap();
-        handles.insert(id, handle);
-    }
+    let handles = cluster.start_journals(2).await;
     let value = "y".repeat(200);
     for i in 0..40 {
         propose(&handles[&1], format!("{i}-{value}")).await;
@@ -948,15 +955,7 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 async fn a_host_measures_syncs_snapshots_round_trips_leaders_and_replication() {
     use ferry_runtime::metrics::peer_label;
     let mut cluster = Cluster::new("metrics", 3);
-    let mut handles = BTreeMap::new();
-    for id in 1..=2 {
-        let host = cluster.start(id).await.clone();
-        let handle = host
-            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
-            .await
-            .unwrap();
-        handles.insert(id, handle);
-    }
+    let handles = cluster.start_journals(2).await;
     let value = "x".repeat(200);
     for i in 0..40 {
         propose(&handles[&1], format!("{i}-{value}")).await;
@@ -1054,15 +1053,7 @@ async fn a_proposal_whose_caller_stops_waiting_counts_as_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_asked_together_share_a_read_index_round_and_see_every_write_before_them() {
     let mut cluster = Cluster::new("shared-reads", 3);
-    let mut handles = BTreeMap::new();
-    for id in 1..=3 {
-        let host = cluster.start(id).await.clone();
-        let handle = host
-            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
-            .await
-            .unwrap();
-        handles.insert(id, handle);
-    }
+    let handles = cluster.start_journals(3).await;
     let leader = leader_of(&handles[&1]).await;
     let follower = if leader == 1 { 2 } else { 1 };
     propose(&handles[&leader], "warm-up".to_owned()).await;
@@ -1113,15 +1104,7 @@ async fn reads_asked_together_share_a_read_index_round_and_see_every_write_befor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_that_goes_away_mid_read_does_not_leave_later_reads_waiting() {
     let mut cluster = Cluster::new("shared-reads-runtime", 3);
-    let mut handles = BTreeMap::new();
-    for id in 1..=2 {
-        let host = cluster.start(id).await.clone();
-        let handle = host
-            .start_group(1, Membership::Found(vec![1, 2, 3]), Journal::default())
-            .await
-            .unwrap();
-        handles.insert(id, handle);
-    }
+    let handles = cluster.start_journals(2).await;
     let leader = leader_of(&handles[&1]).await;
     propose(&handles[&leader], "before".to_owned()).await;
     // The leader's barriers now wait for a quorum that does not answer.

@@ -650,9 +650,8 @@ impl FrameReader {
     }
 
     /// Makes room in `buffer` for a read of up to `wanted` bytes and returns
-    /// how many the read may take. A large frame gets a new piece when the
-    /// last is full, and never a bigger one; a frame's last piece is put
-    /// together with the others once it has arrived.
+    /// how many the read may take: a large frame gets a new piece when the
+    /// last is full, and a read never goes past its piece.
     fn make_room(&mut self, wanted: usize) -> usize {
         let (missing, frame_bytes) = self.frame_missing();
         let Some(frame_bytes) = frame_bytes.filter(|&bytes| bytes > LARGE_FRAME_BYTES) else {
@@ -1140,6 +1139,24 @@ mod tests {
         reads: usize,
     }
 
+    impl CountingReader {
+        fn of(bytes: &[u8]) -> CountingReader {
+            CountingReader {
+                bytes: bytes.to_vec(),
+                reads: 0,
+            }
+        }
+    }
+
+    /// The limits of a handshaken connection paying from `budget`.
+    fn budgeted(budget: &Arc<Semaphore>, frame_bytes_max: u32) -> ReadLimits<'_> {
+        ReadLimits {
+            frame_bytes_max,
+            budget: Some(budget),
+            read_timeout: Duration::from_secs(5),
+        }
+    }
+
     impl AsyncRead for CountingReader {
         fn poll_read(
             mut self: std::pin::Pin<&mut Self>,
@@ -1161,16 +1178,9 @@ mod tests {
         for n in 0..50u8 {
             encode_frame(&vec![n; 100 + n as usize], &mut wire);
         }
-        let mut stream = CountingReader {
-            bytes: wire.to_vec(),
-            reads: 0,
-        };
+        let mut stream = CountingReader::of(&wire);
         let budget = Arc::new(Semaphore::new(16 << 20));
-        let limits = ReadLimits {
-            frame_bytes_max: 1 << 20,
-            budget: Some(&budget),
-            read_timeout: Duration::from_secs(5),
-        };
+        let limits = budgeted(&budget, 1 << 20);
         let mut reader = FrameReader::new();
         let mut leases = Vec::new();
         for n in 0..50u8 {
@@ -1197,16 +1207,9 @@ mod tests {
         encode_frame(&large_a, &mut wire);
         encode_frame(b"small", &mut wire);
         encode_frame(&large_b, &mut wire);
-        let mut stream = CountingReader {
-            bytes: wire.to_vec(),
-            reads: 0,
-        };
+        let mut stream = CountingReader::of(&wire);
         let budget = Arc::new(Semaphore::new(16 << 20));
-        let limits = ReadLimits {
-            frame_bytes_max: 4 << 20,
-            budget: Some(&budget),
-            read_timeout: Duration::from_secs(5),
-        };
+        let limits = budgeted(&budget, 4 << 20);
         let mut reader = FrameReader::new();
         let mut leases = Vec::new();
         for expected in [&large_a[..], b"small", &large_b[..]] {
@@ -1228,16 +1231,9 @@ mod tests {
         let mut wire = BytesMut::new();
         encode_frame(&vec![1u8; 8 << 20], &mut wire);
         wire.truncate(3 << 20);
-        let mut stream = CountingReader {
-            bytes: wire.to_vec(),
-            reads: 0,
-        };
+        let mut stream = CountingReader::of(&wire);
         let budget = Arc::new(Semaphore::new(16 << 20));
-        let limits = ReadLimits {
-            frame_bytes_max: 8 << 20,
-            budget: Some(&budget),
-            read_timeout: Duration::from_secs(5),
-        };
+        let limits = budgeted(&budget, 8 << 20);
         let mut reader = FrameReader::new();
         let error = reader.next(&mut stream, &limits).await.unwrap_err();
         assert!(matches!(error, ConnectionError::Closed), "{error}");
@@ -1266,10 +1262,7 @@ mod tests {
         let mut wire = BytesMut::new();
         encode_frame(b"hello", &mut wire);
         encode_frame(b"more", &mut wire);
-        let mut stream = CountingReader {
-            bytes: wire.to_vec(),
-            reads: 0,
-        };
+        let mut stream = CountingReader::of(&wire);
         let limits = ReadLimits {
             frame_bytes_max: 64,
             budget: None,

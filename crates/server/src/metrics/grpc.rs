@@ -106,6 +106,10 @@ fn method_index(path: &str) -> Option<MethodIndex> {
         .map(MethodIndex)
 }
 
+/// gRPC's status codes by value (`grpc-status` 0 to 16), as
+/// [`code_name`] names them.
+const CODES: usize = 17;
+
 /// gRPC's names of its status codes (as Go's `codes.Code.String()`), by
 /// value.
 const CODE_NAMES: [&str; CODES] = [
@@ -176,10 +180,6 @@ fn handled_labels(method: &Method, code: &'static str) -> HandledLabels {
     let [kind, service, name] = started_labels(method);
     [kind, service, name, ("grpc_code", code)]
 }
-
-/// gRPC's status codes by value (`grpc-status` 0 to 16), as
-/// [`code_name`] names them.
-const CODES: usize = 17;
 
 /// The call counts of one API server.
 ///
