@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/authpb/auth.proto",
         "proto/etcdserverpb/rpc.proto",
         "proto/ferrypb/command.proto",
+        "proto/ferrypb/watch_wire.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
@@ -29,9 +30,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Keys and values as `Bytes`: a stored value is shared, not copied,
         // by every response and watch event that carries it.
         .bytes(".mvccpb.KeyValue")
+        // Encoded events, shared by every watcher's response (see
+        // `proto/ferrypb/watch_wire.proto`).
+        .bytes(".ferrypb.WatchResponseWire")
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors.clone())?;
+    // The Watch service as the server runs it: etcd's route and requests,
+    // answered with `WatchResponseWire` (the same bytes on the wire as a
+    // `WatchResponse`, with each event encoded once for all its watchers).
+    // Clients use the Watch client generated from `rpc.proto` above.
+    let watch = tonic_build::manual::Service::builder()
+        .name("Watch")
+        .package("etcdserverpb")
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("watch")
+                .route_name("Watch")
+                .input_type("crate::pb::etcdserverpb::WatchRequest")
+                .output_type("crate::pb::ferrypb::WatchResponseWire")
+                .codec_path("crate::grpc_codec::EtcdCodec")
+                .client_streaming()
+                .server_streaming()
+                .build(),
+        )
+        .build();
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .compile(&[watch]);
     // serde impls of etcd's messages for the JSON gateway, with the
     // field names of the .proto files (as etcd's gateway writes them) and
     // unknown fields skipped (as it reads them).

@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 
 use ferry_server::pb::etcdserverpb::kv_client::KvClient;
 use ferry_server::pb::etcdserverpb::maintenance_client::MaintenanceClient;
-use ferry_server::pb::etcdserverpb::{PutRequest, StatusRequest};
+use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
+use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
+use ferry_server::pb::etcdserverpb::{PutRequest, StatusRequest, WatchCreateRequest, WatchRequest};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
+use tonic::codegen::tokio_stream::{self, StreamExt};
 use tonic::transport::Channel;
 
 /// Connections each metrics port takes at once (`--max-metrics-connections`).
@@ -575,6 +578,42 @@ async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
             assert!(s.value(queue, &[]).is_some(), "node {id}: {queue}");
         }
     }
+    // Two watchers on node 1: counted while their stream is open, neither
+    // behind.
+    let mut watch = WatchClient::new(channel(cluster.node(1).client_port).await.unwrap());
+    let creates: Vec<WatchRequest> = ["key-0", "key-1"]
+        .into_iter()
+        .map(|key| WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: key.into(),
+                ..Default::default()
+            })),
+        })
+        .collect();
+    let requests = tokio_stream::iter(creates).chain(tokio_stream::pending());
+    let mut responses = watch.watch(requests).await.unwrap().into_inner();
+    for _ in 0..2 {
+        let created = responses.message().await.unwrap().unwrap();
+        assert!(created.created, "{created:?}");
+    }
+    let s = scrape_until(
+        &cluster,
+        cluster.node(1).metrics_port,
+        "two watchers",
+        |s| s.value("etcd_debugging_mvcc_watcher_total", &[]) == Some(2.0),
+    )
+    .await;
+    assert_eq!(
+        s.value("etcd_debugging_mvcc_slow_watcher_total", &[]),
+        Some(0.0)
+    );
+    assert_eq!(s.kind("ferry_watch_catch_ups_from_store_total"), Some("counter"));
+    assert!(s
+        .value("ferry_watch_catch_ups_from_recent_total", &[])
+        .is_some());
+    assert!(s.value("ferry_watch_queued_bytes", &[]).is_some());
+    drop(responses);
+
     // Node 1 served every put: each one counted with its code.
     let s = scrape(cluster.node(1).metrics_port).await;
     let put_ok = [

@@ -47,7 +47,8 @@ use crate::pb::etcdserverpb::kv_server::{Kv, KvServer};
 use crate::pb::etcdserverpb::lease_server::{Lease, LeaseServer};
 use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
-use crate::pb::etcdserverpb::watch_server::{Watch, WatchServer};
+use crate::pb::etcdserverpb::watch_wire::watch_server::{Watch, WatchServer};
+use crate::pb::ferrypb::WatchResponseWire;
 use crate::pb::ferrypb::{AuthStamp, Command};
 use crate::state::{StateMachine, RANGE_KEYS_PER_LOCK};
 use crate::tls::{ClientConnectInfo, ClientIo, ReloadableTls};
@@ -894,7 +895,7 @@ impl<B: Backend> Drop for StreamGuard<B> {
 /// A watch response on its way to the client, with the share of the
 /// stream's byte budget it holds until the client side takes it.
 type WatchItem = (
-    Result<pb::WatchResponse, Status>,
+    Result<WatchResponseWire, Status>,
     Option<OwnedSemaphorePermit>,
 );
 
@@ -912,7 +913,7 @@ impl<B: Backend> EtcdApi<B> {
     async fn send_watch(
         &self,
         outgoing: &WatchOutgoing,
-        response: Result<pb::WatchResponse, Status>,
+        response: Result<WatchResponseWire, Status>,
     ) -> bool {
         let bytes = response.as_ref().map_or(0, |r| r.encoded_len());
         let permits = u32::try_from(bytes.min(outgoing.budget_bytes).max(1)).unwrap_or(u32::MAX);
@@ -1060,9 +1061,10 @@ impl<B: Backend> EtcdApi<B> {
     }
 }
 
-/// The stream of watch responses a client reads.
+/// The stream of watch responses a client reads (each event already
+/// encoded; see [`WatchResponseWire`]).
 pub type WatchResponseStream = Pin<
-    Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<pb::WatchResponse, Status>> + Send>,
+    Box<dyn tonic::codegen::tokio_stream::Stream<Item = Result<WatchResponseWire, Status>> + Send>,
 >;
 
 #[tonic::async_trait]

@@ -83,6 +83,11 @@ pub mod pb {
     pub mod etcdserverpb {
         tonic::include_proto!("etcdserverpb");
         include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
+        /// The Watch service as the server runs it, answering with
+        /// [`super::ferrypb::WatchResponseWire`] (see `build.rs`).
+        pub mod watch_wire {
+            include!(concat!(env!("OUT_DIR"), "/etcdserverpb.Watch.rs"));
+        }
     }
     /// ferry's replicated commands and snapshots.
     pub mod ferrypb {

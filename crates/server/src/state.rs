@@ -16,10 +16,8 @@ use crate::error::{CodecError, KvError};
 use crate::kv_state::{Applied, CommandResponse, KvLimits, KvState, Reads, SnapshotSource};
 use crate::lease::LeaseClock;
 use crate::mvcc::{RangeScan, ReadAt};
-use crate::pb::etcdserverpb::{
-    RangeRequest, RangeResponse, ResponseHeader, WatchCreateRequest, WatchResponse,
-};
-use crate::pb::ferrypb::Command;
+use crate::pb::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader, WatchCreateRequest};
+use crate::pb::ferrypb::{Command, WatchResponseWire};
 use crate::watch::{StreamId, WatchHub, WatchLimits};
 
 /// The state machine with its watchers and lease clock.
@@ -212,7 +210,7 @@ impl StateMachine {
     }
 
     /// What a watch stream should send now (see [`WatchHub::drain`]).
-    pub fn watch_drain(&mut self, stream_id: StreamId) -> (Vec<WatchResponse>, bool) {
+    pub fn watch_drain(&mut self, stream_id: StreamId) -> (Vec<WatchResponseWire>, bool) {
         self.watches.drain(stream_id, self.kv.store())
     }
 

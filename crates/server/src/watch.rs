@@ -23,8 +23,12 @@
 //! store, is cancelled with a reason.
 //!
 //! Memory, with many watchers and large values: an event is held once,
-//! shared by every watcher that queues it (two variants at most: with and
-//! without its previous value). What is queued is counted in bytes per
+//! encoded for the wire as an `mvccpb.Event` (two variants at most: with
+//! and without its previous value), shared by every watcher that queues
+//! it and by the ring; a response carries those bytes as they are
+//! (`ferrypb.WatchResponseWire`, the same bytes on the wire as etcd's
+//! `WatchResponse`), so an event is encoded once per revision, not once
+//! per watcher. What is queued is counted in bytes per
 //! watcher, per stream (shared events once per stream) and per node, and
 //! each has a bound; a watcher that would pass one falls behind as above,
 //! so a stream whose client does not read stops costing memory and is
@@ -37,11 +41,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
+use bytes::Bytes;
+use prost::Message;
 use tokio::sync::Notify;
 
-use crate::mvcc::{event_size_bytes, KeyRange, MvccStore, RangeEnd};
+use crate::mvcc::{KeyRange, MvccStore, RangeEnd};
 use crate::pb::etcdserverpb::watch_create_request::FilterType;
 use crate::pb::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchResponse};
+use crate::pb::ferrypb::WatchResponseWire;
 use crate::pb::mvccpb::event::EventType;
 use crate::pb::mvccpb::Event;
 
@@ -82,7 +89,8 @@ pub struct WatchLimits {
     /// Watch streams open at once on this node.
     pub streams_max: usize,
     /// Bytes of the last revisions' events kept for watchers that fall
-    /// behind (0: none; they all catch up from the store).
+    /// behind (0: none; they all catch up from the store), each event
+    /// counted with both its encodings.
     pub recent_bytes_max: usize,
 }
 
@@ -98,7 +106,7 @@ impl Default for WatchLimits {
             watchers_per_stream_max: 4096,
             lag_revisions_max: 1_000_000,
             streams_max: 65_536,
-            recent_bytes_max: 16 << 20,
+            recent_bytes_max: 24 << 20,
         }
     }
 }
@@ -116,14 +124,85 @@ const QUEUE_ENTRY_OVERHEAD_BYTES: usize = 64;
 /// Bytes counted per queued event pointer.
 const QUEUE_EVENT_POINTER_BYTES: usize = 16;
 
-/// An event shared by the watchers that queue it.
-type SharedEvent = Arc<Event>;
+/// An event encoded as it goes on the wire (an `mvccpb.Event`).
+type WireEvent = Bytes;
+
+/// `event` encoded for the wire.
+fn encode_event(event: &Event) -> WireEvent {
+    Bytes::from(event.encode_to_vec())
+}
+
+/// An event as the hub holds it for watchers, shared by all of them (see
+/// [`SharedEventData`]).
+type SharedEvent = Arc<SharedEventData>;
+
+/// Bytes counted for a shared event beyond its encodings and key: the
+/// struct and its reference count.
+const SHARED_EVENT_OVERHEAD_BYTES: usize = 96;
+
+/// An event encoded for the wire once, with and without its previous value,
+/// however many watchers get it, live or catching up; with the key and
+/// kind to filter it by. Nothing decoded is kept, so what it holds is what
+/// it counts ([`SharedEventData::held_bytes`]).
+#[derive(Debug)]
+struct SharedEventData {
+    key: Bytes,
+    is_put: bool,
+    revision: i64,
+    /// Encoded without (`[0]`) and with (`[1]`) the previous value: the
+    /// same bytes when there is none.
+    wire: [WireEvent; 2],
+}
+
+impl SharedEventData {
+    fn new(event: &Event) -> SharedEvent {
+        let with_prev = encode_event(event);
+        let without_prev = if event.prev_kv.is_some() {
+            encode_event(&Event {
+                prev_kv: None,
+                ..event.clone()
+            })
+        } else {
+            with_prev.clone()
+        };
+        let kv = event.kv.as_ref();
+        Arc::new(SharedEventData {
+            key: kv.map_or_else(Bytes::new, |kv| Bytes::copy_from_slice(&kv.key)),
+            is_put: event.r#type == EventType::Put as i32,
+            revision: kv.map_or(0, |kv| kv.mod_revision),
+            wire: [without_prev, with_prev],
+        })
+    }
+
+    /// The bytes a watcher with `prev_kv` counts for the event: its
+    /// encoding, and the overhead.
+    fn size(&self, prev_kv: bool) -> usize {
+        self.wire[usize::from(prev_kv)].len() + SHARED_EVENT_OVERHEAD_BYTES
+    }
+
+    /// Everything the event holds: both encodings (once when they are the
+    /// same), its key and the overhead.
+    fn held_bytes(&self) -> usize {
+        let [without_prev, with_prev] = &self.wire;
+        let second = if without_prev.as_ptr() == with_prev.as_ptr() {
+            0
+        } else {
+            without_prev.len()
+        };
+        with_prev.len() + second + self.key.len() + SHARED_EVENT_OVERHEAD_BYTES
+    }
+
+    /// The event as a watcher with `prev_kv` gets it.
+    fn wire(&self, prev_kv: bool) -> WireEvent {
+        self.wire[usize::from(prev_kv)].clone()
+    }
+}
 
 /// One revision's events queued for a watcher.
 #[derive(Debug)]
 struct Queued {
     revision: i64,
-    events: Vec<SharedEvent>,
+    events: Vec<WireEvent>,
     /// What this entry counts against the watcher's bound.
     bytes: usize,
 }
@@ -249,23 +328,13 @@ impl Watcher {
         }
     }
 
-    fn wants(&self, event: &Event) -> bool {
-        let is_put = event.r#type == EventType::Put as i32;
-        if (is_put && self.no_put) || (!is_put && self.no_delete) {
-            return false;
-        }
-        event
-            .kv
-            .as_ref()
-            .is_some_and(|kv| self.range.contains(&kv.key))
-    }
-
-    fn shape(&self, event: &Event) -> Event {
-        let mut event = event.clone();
-        if !self.prev_kv {
-            event.prev_kv = None;
-        }
-        event
+    fn wants(&self, event: &SharedEventData) -> bool {
+        let filtered = if event.is_put {
+            self.no_put
+        } else {
+            self.no_delete
+        };
+        !filtered && self.range.contains(&event.key)
     }
 }
 
@@ -284,7 +353,7 @@ struct Stream {
     watchers: BTreeMap<i64, Watcher>,
     next_watch_id: i64,
     /// Control responses (created, cancelled, progress) in order.
-    outbox: VecDeque<WatchResponse>,
+    outbox: VecDeque<WatchResponseWire>,
     progress_requested: bool,
     wake: Arc<Notify>,
     /// What the stream's watchers hold queued.
@@ -337,11 +406,11 @@ impl Ledger {
 /// own. `open` is the event bytes of the last response when this function
 /// pushed it (`None` when the last one is a control response).
 fn push_events(
-    out: &mut Vec<WatchResponse>,
+    out: &mut Vec<WatchResponseWire>,
     open: &mut Option<usize>,
     watch_id: i64,
     revision: i64,
-    events: Vec<Event>,
+    events: Vec<WireEvent>,
     bytes: usize,
 ) {
     if let (Some(open_bytes), Some(last)) = (open.as_mut(), out.last_mut()) {
@@ -352,13 +421,35 @@ fn push_events(
             return;
         }
     }
-    out.push(WatchResponse {
+    out.push(WatchResponseWire {
         header: header(revision),
         watch_id,
         events,
-        ..WatchResponse::default()
+        ..WatchResponseWire::default()
     });
     *open = Some(bytes);
+}
+
+impl WatchResponseWire {
+    /// The response as etcd's message, its events decoded: for the JSON
+    /// gateway and for tests; the gRPC service sends the bytes as they are.
+    pub fn into_response(self) -> Result<WatchResponse, prost::DecodeError> {
+        let events = self
+            .events
+            .into_iter()
+            .map(Event::decode)
+            .collect::<Result<Vec<Event>, _>>()?;
+        Ok(WatchResponse {
+            header: self.header,
+            watch_id: self.watch_id,
+            created: self.created,
+            canceled: self.canceled,
+            compact_revision: self.compact_revision,
+            cancel_reason: self.cancel_reason,
+            fragment: self.fragment,
+            events,
+        })
+    }
 }
 
 fn entry_overhead(events: usize) -> usize {
@@ -413,7 +504,7 @@ impl Recent {
             };
             self.bytes = self
                 .bytes
-                .saturating_sub(dropped.iter().map(|e| event_size_bytes(e)).sum::<usize>());
+                .saturating_sub(dropped.iter().map(|e| e.held_bytes()).sum::<usize>());
         }
     }
 
@@ -440,18 +531,15 @@ impl Recent {
         for (revision, revision_events) in self.revisions.iter().skip(skip) {
             let mut started = false;
             for event in revision_events {
-                let Some(kv) = event.kv.as_ref() else {
-                    continue;
-                };
-                if !range.contains(&kv.key) {
+                if !range.contains(&event.key) {
                     continue;
                 }
                 if !started && (events.len() >= events_max || bytes >= bytes_max) {
                     return Some(events);
                 }
                 started = true;
-                debug_assert_eq!(kv.mod_revision, *revision);
-                bytes = bytes.saturating_add(event_size_bytes(event));
+                debug_assert_eq!(event.revision, *revision);
+                bytes = bytes.saturating_add(event.size(true));
                 events.push(event.clone());
             }
         }
@@ -473,55 +561,53 @@ fn cancellation(
     current: i64,
     reason: String,
     compact_revision: i64,
-) -> (i64, WatchResponse) {
+) -> (i64, WatchResponseWire) {
     (
         watch_id,
-        WatchResponse {
+        WatchResponseWire {
             header: header(current),
             watch_id,
             canceled: true,
             compact_revision,
             cancel_reason: reason,
-            ..WatchResponse::default()
+            ..WatchResponseWire::default()
         },
     )
 }
 
-/// A revision's events as notify shares them: each built once, with and
-/// without its previous value, the first time a watcher wants it so.
+/// A revision's events as notify shares them: each made a
+/// [`SharedEventData`] the first time a watcher (or the ring) wants it.
 struct SharedRevision<'a> {
     events: &'a [Event],
-    with_prev: Vec<Option<(SharedEvent, usize)>>,
-    without_prev: Vec<Option<(SharedEvent, usize)>>,
+    shared: Vec<Option<SharedEvent>>,
 }
 
 impl<'a> SharedRevision<'a> {
     fn new(events: &'a [Event]) -> SharedRevision<'a> {
         SharedRevision {
             events,
-            with_prev: vec![None; events.len()],
-            without_prev: vec![None; events.len()],
+            shared: vec![None; events.len()],
         }
     }
 
-    /// The shared event `index` as a watcher with `prev_kv` sees it, and
-    /// its size.
-    fn get(&mut self, index: usize, prev_kv: bool) -> Option<(SharedEvent, usize)> {
+    /// The shared event `index`.
+    fn shared(&mut self, index: usize) -> Option<&SharedEvent> {
         let event = self.events.get(index)?;
-        let slot = if prev_kv {
-            self.with_prev.get_mut(index)?
-        } else {
-            self.without_prev.get_mut(index)?
-        };
-        let (shared, size) = slot.get_or_insert_with(|| {
-            let mut event = event.clone();
-            if !prev_kv {
-                event.prev_kv = None;
-            }
-            let size = event_size_bytes(&event);
-            (Arc::new(event), size)
-        });
-        Some((shared.clone(), *size))
+        let slot = self.shared.get_mut(index)?;
+        Some(slot.get_or_insert_with(|| SharedEventData::new(event)))
+    }
+
+    /// The event `index` as a watcher with `prev_kv` gets it, encoded, and
+    /// the size it counts.
+    fn get(&mut self, index: usize, prev_kv: bool) -> Option<(WireEvent, usize)> {
+        let shared = self.shared(index)?;
+        Some((shared.wire(prev_kv), shared.size(prev_kv)))
+    }
+
+    /// The shared event `index`, for the ring, and its size there.
+    fn recent(&mut self, index: usize) -> Option<(SharedEvent, usize)> {
+        let shared = self.shared(index)?;
+        Some((shared.clone(), shared.held_bytes()))
     }
 }
 
@@ -661,13 +747,13 @@ impl WatchHub {
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return;
         };
-        let refuse = |watch_id: i64, reason: String| WatchResponse {
+        let refuse = |watch_id: i64, reason: String| WatchResponseWire {
             header: header(current),
             watch_id,
             created: true,
             canceled: true,
             cancel_reason: reason,
-            ..WatchResponse::default()
+            ..WatchResponseWire::default()
         };
         if stream.watchers.len() >= limits.watchers_per_stream_max {
             stream.outbox.push_back(refuse(
@@ -729,11 +815,11 @@ impl WatchHub {
         };
         self.tracking.track((stream_id, watch_id), &mut watcher);
         stream.watchers.insert(watch_id, watcher);
-        stream.outbox.push_back(WatchResponse {
+        stream.outbox.push_back(WatchResponseWire {
             header: header(current),
             watch_id,
             created: true,
-            ..WatchResponse::default()
+            ..WatchResponseWire::default()
         });
         stream.wake.notify_one();
     }
@@ -744,13 +830,13 @@ impl WatchHub {
         let Some(stream) = self.streams.get_mut(&stream_id) else {
             return;
         };
-        stream.outbox.push_back(WatchResponse {
+        stream.outbox.push_back(WatchResponseWire {
             header: header(revision),
             watch_id,
             created: true,
             canceled: true,
             cancel_reason: reason.to_string(),
-            ..WatchResponse::default()
+            ..WatchResponseWire::default()
         });
         stream.wake.notify_one();
     }
@@ -788,12 +874,12 @@ impl WatchHub {
                 stream
                     .ledger
                     .release_watcher(&mut self.queued_bytes, &mut watcher);
-                stream.outbox.push_back(WatchResponse {
+                stream.outbox.push_back(WatchResponseWire {
                     header: header(store.revision()),
                     watch_id,
                     canceled: true,
                     cancel_reason: reason.to_string(),
-                    ..WatchResponse::default()
+                    ..WatchResponseWire::default()
                 });
                 stream.wake.notify_one();
             }
@@ -811,11 +897,11 @@ impl WatchHub {
             stream
                 .ledger
                 .release_watcher(&mut self.queued_bytes, &mut watcher);
-            stream.outbox.push_back(WatchResponse {
+            stream.outbox.push_back(WatchResponseWire {
                 header: header(store.revision()),
                 watch_id,
                 canceled: true,
-                ..WatchResponse::default()
+                ..WatchResponseWire::default()
             });
             stream.wake.notify_one();
         }
@@ -848,10 +934,10 @@ impl WatchHub {
             let idle = !watcher.delivered_since_progress && watcher.queued.is_empty();
             watcher.delivered_since_progress = false;
             if idle && watcher.next_revision(synced) > current {
-                stream.outbox.push_back(WatchResponse {
+                stream.outbox.push_back(WatchResponseWire {
                     header: header(current),
                     watch_id: *watch_id,
-                    ..WatchResponse::default()
+                    ..WatchResponseWire::default()
                 });
                 any = true;
             }
@@ -909,7 +995,7 @@ impl WatchHub {
             recent.clear();
         } else {
             let kept = (0..events.len())
-                .filter_map(|index| shared.get(index, true))
+                .filter_map(|index| shared.recent(index))
                 .collect();
             recent.push(revision, kept, limits.recent_bytes_max);
         }
@@ -928,7 +1014,7 @@ impl WatchHub {
                 debug_assert_eq!(watcher.position, Position::Synced);
                 let wanted: Vec<usize> = indexes
                     .into_iter()
-                    .filter(|&i| events.get(i).is_some_and(|e| watcher.wants(e)))
+                    .filter(|&i| shared.shared(i).is_some_and(|e| watcher.wants(e)))
                     .collect();
                 if wanted.is_empty() {
                     // Filtered out: it stays synced.
@@ -1005,7 +1091,11 @@ impl WatchHub {
     /// One drain hands out about [`WatchLimits::drain_bytes_max`] bytes and
     /// runs at most [`WatchLimits::history_scans_per_drain_max`] history
     /// scans; watchers take turns across drains.
-    pub fn drain(&mut self, stream_id: StreamId, store: &MvccStore) -> (Vec<WatchResponse>, bool) {
+    pub fn drain(
+        &mut self,
+        stream_id: StreamId,
+        store: &MvccStore,
+    ) -> (Vec<WatchResponseWire>, bool) {
         let limits = self.limits.clone();
         let current = store.revision();
         self.align(current);
@@ -1019,11 +1109,11 @@ impl WatchHub {
             return (Vec::new(), false);
         };
         let compacted = store.compacted_revision();
-        let mut out: Vec<WatchResponse> = stream.outbox.drain(..).collect();
+        let mut out: Vec<WatchResponseWire> = stream.outbox.drain(..).collect();
         // The response the next events of the same watcher may join.
         let mut open: Option<usize> = None;
         let mut out_bytes = 0usize;
-        let mut cancelled: Vec<(i64, WatchResponse)> = Vec::new();
+        let mut cancelled: Vec<(i64, WatchResponseWire)> = Vec::new();
         let mut behind = false;
         let mut scans: BTreeMap<ScanKey, Scan> = BTreeMap::new();
         let mut scans_run = 0usize;
@@ -1060,16 +1150,15 @@ impl WatchHub {
                 watcher.queued_bytes = watcher.queued_bytes.saturating_sub(entry.bytes);
                 watcher.delivered_since_progress = true;
                 out_bytes = out_bytes.saturating_add(entry.bytes);
-                let events = entry.events.iter().map(|e| Event::clone(e)).collect();
+                ledger.release(node_queued_bytes, &entry);
                 push_events(
                     &mut out,
                     &mut open,
                     watch_id,
                     entry.revision,
-                    events,
+                    entry.events,
                     entry.bytes,
                 );
-                ledger.release(node_queued_bytes, &entry);
             }
             if !watcher.queued.is_empty() {
                 behind = true;
@@ -1136,7 +1225,7 @@ impl WatchHub {
                                 limits.events_per_watcher_max,
                                 limits.drain_bytes_max,
                             )
-                            .map(|events| events.into_iter().map(Arc::new).collect())
+                            .map(|events| events.iter().map(SharedEventData::new).collect())
                     }
                 };
                 let history: Vec<SharedEvent> = match history {
@@ -1149,8 +1238,7 @@ impl WatchHub {
                     }
                 };
                 let complete = history.len() < limits.events_per_watcher_max
-                    && history.iter().map(|e| event_size_bytes(e)).sum::<usize>()
-                        < limits.drain_bytes_max;
+                    && history.iter().map(|e| e.size(true)).sum::<usize>() < limits.drain_bytes_max;
                 scans.insert(
                     key.clone(),
                     Scan {
@@ -1163,11 +1251,11 @@ impl WatchHub {
                 continue;
             };
             let mut last_revision = next_revision - 1;
-            let mut batch: Vec<Event> = Vec::new();
+            let mut batch: Vec<WireEvent> = Vec::new();
             let mut batch_bytes = 0usize;
             let mut batch_revision = 0;
             for event in scan.events.iter() {
-                let revision = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+                let revision = event.revision;
                 if revision != batch_revision && !batch.is_empty() {
                     let events = std::mem::take(&mut batch);
                     push_events(
@@ -1183,11 +1271,10 @@ impl WatchHub {
                 batch_revision = revision;
                 last_revision = revision;
                 if watcher.wants(event) {
-                    let shaped = watcher.shape(event);
-                    let size = event_size_bytes(&shaped);
+                    let size = event.size(watcher.prev_kv);
                     out_bytes = out_bytes.saturating_add(size);
                     batch_bytes = batch_bytes.saturating_add(size);
-                    batch.push(shaped);
+                    batch.push(event.wire(watcher.prev_kv));
                 }
             }
             if !batch.is_empty() {
@@ -1224,10 +1311,10 @@ impl WatchHub {
                 .all(|w| w.next_revision(synced) > current && w.queued.is_empty());
             if all_synced {
                 stream.progress_requested = false;
-                out.push(WatchResponse {
+                out.push(WatchResponseWire {
                     header: header(current),
                     watch_id: STREAM_WATCH_ID,
-                    ..WatchResponse::default()
+                    ..WatchResponseWire::default()
                 });
             }
         }

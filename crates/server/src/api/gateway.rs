@@ -359,7 +359,13 @@ async fn watch<B: Backend>(api: &EtcdApi<B>, body: &[u8], parts: &Parts) -> Answ
     };
     let incoming = stream::iter(requests).chain(stream::pending());
     match api.open_watch(&credentials, incoming).await {
-        Ok(responses) => streamed(responses),
+        // JSON carries the events themselves: decoded from the bytes the
+        // hub encoded (it wrote them, so they decode).
+        Ok(responses) => streamed(responses.map(|response| {
+            response?
+                .into_response()
+                .map_err(|error| Status::internal(format!("ferry: a watch event: {error}")))
+        })),
         Err(status) => error(&status),
     }
 }

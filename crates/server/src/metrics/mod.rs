@@ -163,12 +163,45 @@ impl NodeMetrics {
             runtime.peer_round_trip_seconds.clone(),
         );
 
-        // The store.
-        let (db_bytes, store) = {
+        // The store and its watchers.
+        let (db_bytes, store, watchers, behind, queued_bytes, catch_ups) = {
             let state = self.backend.state().lock();
             let store = state.kv().store();
-            (store.size_bytes(), store.store_stats())
+            let watches = &state.watches;
+            (
+                store.size_bytes(),
+                store.store_stats(),
+                watches.watcher_count(),
+                watches.behind_count(store.revision()),
+                watches.queued_bytes(),
+                watches.catch_ups(),
+            )
         };
+        r.register(
+            "etcd_debugging_mvcc_watcher_total",
+            "Total number of watchers (ferry: on this member's watch streams)",
+            ConstGauge::new(as_i64(watchers as u64)),
+        );
+        r.register(
+            "etcd_debugging_mvcc_slow_watcher_total",
+            "Total number of unsynced slow watchers (ferry: watchers behind the store, catching up from history)",
+            ConstGauge::new(as_i64(behind as u64)),
+        );
+        r.register(
+            "ferry_watch_queued_bytes",
+            "Bytes of events queued for this member's watchers",
+            ConstGauge::new(as_i64(queued_bytes as u64)),
+        );
+        r.register(
+            "ferry_watch_catch_ups_from_recent",
+            "Catch-ups of watchers that fell behind, served from the ring of recent revisions",
+            ConstCounter::new(catch_ups.0),
+        );
+        r.register(
+            "ferry_watch_catch_ups_from_store",
+            "Catch-ups of watchers that fell behind, served from the store's history (further behind than the ring holds)",
+            ConstCounter::new(catch_ups.1),
+        );
         r.register(
             "etcd_mvcc_db_total_size_in_bytes",
             "Total size of the underlying database in bytes (ferry: the MVCC store's size, as Status reports it)",
