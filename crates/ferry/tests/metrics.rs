@@ -607,7 +607,10 @@ async fn a_cluster_is_scraped_and_its_health_follows_the_quorum() {
         s.value("etcd_debugging_mvcc_slow_watcher_total", &[]),
         Some(0.0)
     );
-    assert_eq!(s.kind("ferry_watch_catch_ups_from_store_total"), Some("counter"));
+    assert_eq!(
+        s.kind("ferry_watch_catch_ups_from_store_total"),
+        Some("counter")
+    );
     assert!(s
         .value("ferry_watch_catch_ups_from_recent_total", &[])
         .is_some());
