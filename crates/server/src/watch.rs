@@ -948,8 +948,8 @@ impl WatchHub {
     }
 
     /// Hands the events of a just-committed revision to synced watchers.
-    /// Each event is copied at most twice (with and without its previous
-    /// value) however many watchers queue it.
+    /// Each event is encoded once with and once without its previous value
+    /// (one encoding when it has none), however many watchers queue it.
     pub fn notify(&mut self, revision: i64, events: &[Event]) {
         if revision != self.tracking.synced_revision + 1 {
             self.align(revision - 1);
