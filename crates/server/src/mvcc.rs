@@ -793,7 +793,8 @@ impl MvccStore {
 
     /// Events with revisions in `from..=to` for keys in `range`, in revision
     /// order (and operation order within a revision), each with the previous
-    /// version when it still exists. Stops after the revision in which the
+    /// version when it still exists and `prev_kv` asks for it (finding it
+    /// costs a look-up per key). Stops after the revision in which the
     /// event count reaches `events_max` or the events' size reaches
     /// `bytes_max`, so a revision is never split.
     pub fn history(
@@ -803,6 +804,7 @@ impl MvccStore {
         to: i64,
         events_max: usize,
         bytes_max: usize,
+        prev_kv: bool,
     ) -> Result<Vec<Event>, KvError> {
         // (Bounds always start at an included key; `None` is an empty range.)
         let Some((Bound::Included(start), end)) = range.bounds() else {
@@ -836,13 +838,19 @@ impl MvccStore {
                 break;
             }
             last_revision = revision;
-            let prev_kv = match before.get(&version.kv.key) {
+            if !prev_kv {
+                let event = to_event(&version, None);
+                bytes = bytes.saturating_add(event_size_bytes(&event));
+                events.push(event);
+                continue;
+            }
+            let prev = match before.get(&version.kv.key) {
                 Some(prev) => (!prev.tombstone).then(|| KeyValue::clone(&prev.kv)),
                 None => self
                     .get(&version.kv.key, ReadAt::Revision(revision - 1))?
                     .map(Arc::unwrap_or_clone),
             };
-            let event = to_event(&version, prev_kv);
+            let event = to_event(&version, prev);
             before.insert(version.kv.key.clone(), version);
             bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);

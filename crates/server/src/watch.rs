@@ -611,8 +611,9 @@ impl<'a> SharedRevision<'a> {
     }
 }
 
-/// The key of a history scan shared by watchers in one drain.
-type ScanKey = (Vec<u8>, RangeEnd, i64);
+/// The key of a history scan shared by watchers in one drain: range, first
+/// revision and whether its events carry previous values.
+type ScanKey = (Vec<u8>, RangeEnd, i64, bool);
 
 /// What one history scan found, shared by the watchers that asked for it.
 struct Scan {
@@ -1196,6 +1197,7 @@ impl WatchHub {
                 watcher.range.start.clone(),
                 watcher.range.end.clone(),
                 next_revision,
+                watcher.prev_kv,
             );
             if !scans.contains_key(&key) {
                 if scans_run >= limits.history_scans_per_drain_max {
@@ -1224,6 +1226,7 @@ impl WatchHub {
                                 current,
                                 limits.events_per_watcher_max,
                                 limits.drain_bytes_max,
+                                watcher.prev_kv,
                             )
                             .map(|events| events.iter().map(SharedEventData::new).collect())
                     }

@@ -4,6 +4,7 @@ use super::helpers::*;
 use crate::error::KvError;
 use crate::pb::etcdserverpb::range_request::{SortOrder, SortTarget};
 use crate::pb::etcdserverpb::RangeRequest;
+use crate::pb::mvccpb::Event;
 
 #[test]
 fn revisions_versions_and_tombstones_follow_etcd() {
@@ -268,7 +269,7 @@ fn history_replays_in_revision_and_operation_order() {
     let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
     let events =
         m.kv.store()
-            .history(&everything, 2, 4, 100, usize::MAX)
+            .history(&everything, 2, 4, 100, usize::MAX, true)
             .unwrap();
     let seen: Vec<(i64, String, i32)> = events
         .iter()
@@ -294,7 +295,7 @@ fn history_replays_in_revision_and_operation_order() {
     // A limit never splits a revision.
     assert_eq!(
         m.kv.store()
-            .history(&everything, 2, 4, 2, usize::MAX)
+            .history(&everything, 2, 4, 2, usize::MAX, true)
             .unwrap()
             .len(),
         3
@@ -310,7 +311,7 @@ fn compaction_keeps_a_delete_at_the_compacted_revision_for_watchers() {
     let everything = crate::mvcc::KeyRange::new(b"\0", b"\0");
     let events =
         m.kv.store()
-            .history(&everything, 3, 3, 100, usize::MAX)
+            .history(&everything, 3, 3, 100, usize::MAX, true)
             .unwrap();
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].r#type, 1);
@@ -408,9 +409,22 @@ fn history_gives_each_change_the_value_before_it() {
     for from in [2, 3, 10, 25] {
         let events =
             m.kv.store()
-                .history(&everything, from, m.revision(), 1000, usize::MAX)
+                .history(&everything, from, m.revision(), 1000, usize::MAX, true)
                 .unwrap();
         assert!(!events.is_empty());
+        // Without previous values: the same events, none looked up.
+        let without_prev =
+            m.kv.store()
+                .history(&everything, from, m.revision(), 1000, usize::MAX, false)
+                .unwrap();
+        let stripped: Vec<Event> = events
+            .iter()
+            .map(|event| Event {
+                prev_kv: None,
+                ..event.clone()
+            })
+            .collect();
+        assert_eq!(without_prev, stripped, "from {from}");
         for event in events {
             let kv = event.kv.as_ref().unwrap();
             let expected =

@@ -376,6 +376,34 @@ enum Layer<'a, D: Disk> {
     Runs(&'a [Arc<Run<D>>]),
 }
 
+/// A version a history walk found: in a memtable (by reference, copied
+/// only if it is kept) or read from a run's block.
+enum HistoryFound<'a> {
+    Mem(&'a Bytes, &'a MemVersion),
+    Run(Record),
+}
+
+impl HistoryFound<'_> {
+    fn version(&self) -> u64 {
+        match self {
+            HistoryFound::Mem(_, v) => v.version,
+            HistoryFound::Run(record) => record.version,
+        }
+    }
+
+    fn into_record(self) -> Record {
+        match self {
+            HistoryFound::Mem(key, v) => Record {
+                key: key.clone(),
+                version: v.version,
+                tombstone: v.tombstone,
+                value: v.value.clone(),
+            },
+            HistoryFound::Run(record) => record,
+        }
+    }
+}
+
 /// The run of a layer on disk whose key range may hold `key`.
 fn run_for_key<'a, D: Disk>(runs: &'a [Arc<Run<D>>], key: &[u8]) -> Option<&'a Arc<Run<D>>> {
     let i = runs.partition_point(|r| r.last_key() < key);
@@ -672,9 +700,9 @@ impl<D: Disk> VersionStore<D> {
         version_max: u64,
         records_max: usize,
     ) -> Result<Vec<Record>> {
-        let mut out = Vec::new();
+        let mut out: Vec<HistoryFound<'_>> = Vec::new();
         if !walkable_from(start, end) || version_min > version_max || records_max == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let keys = (Bound::Included(start), end);
         let versions = version_min..=version_max;
@@ -685,17 +713,12 @@ impl<D: Disk> VersionStore<D> {
                         // Each key's versions ascend: skip to the first in
                         // the window by a binary search.
                         let first = key_versions.partition_point(|v| v.version < version_min);
-                        for v in key_versions[first..]
-                            .iter()
-                            .take_while(|v| v.version <= version_max)
-                        {
-                            out.push(Record {
-                                key: key.clone(),
-                                version: v.version,
-                                tombstone: v.tombstone,
-                                value: v.value.clone(),
-                            });
-                        }
+                        out.extend(
+                            key_versions[first..]
+                                .iter()
+                                .take_while(|v| v.version <= version_max)
+                                .map(|v| HistoryFound::Mem(key, v)),
+                        );
                     }
                 }
                 Layer::Runs(runs) => {
@@ -720,10 +743,15 @@ impl<D: Disk> VersionStore<D> {
                             if block.max_version < version_min || block.min_version > version_max {
                                 continue;
                             }
-                            out.extend(run.read_block(i)?.into_iter().filter(|r| {
-                                versions.contains(&r.version)
-                                    && RangeBounds::<[u8]>::contains(&keys, r.key.as_ref())
-                            }));
+                            out.extend(
+                                run.read_block(i)?
+                                    .into_iter()
+                                    .filter(|r| {
+                                        versions.contains(&r.version)
+                                            && RangeBounds::<[u8]>::contains(&keys, r.key.as_ref())
+                                    })
+                                    .map(HistoryFound::Run),
+                            );
                         }
                     }
                 }
@@ -733,11 +761,13 @@ impl<D: Disk> VersionStore<D> {
             // Keep the oldest `records_max` and whatever shares the
             // version of the newest of them.
             let last = out
-                .select_nth_unstable_by_key(records_max - 1, |r| r.version)
+                .select_nth_unstable_by_key(records_max - 1, HistoryFound::version)
                 .1
-                .version;
-            out.retain(|r| r.version <= last);
+                .version();
+            out.retain(|r| r.version() <= last);
         }
+        // Only what is kept is copied out of the memtables.
+        let mut out: Vec<Record> = out.into_iter().map(HistoryFound::into_record).collect();
         out.sort_unstable_by(|a, b| (a.version, &a.key).cmp(&(b.version, &b.key)));
         Ok(out)
     }
