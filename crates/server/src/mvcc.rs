@@ -838,20 +838,18 @@ impl MvccStore {
                 break;
             }
             last_revision = revision;
-            if !prev_kv {
-                let event = to_event(&version, None);
-                bytes = bytes.saturating_add(event_size_bytes(&event));
-                events.push(event);
-                continue;
-            }
-            let prev = match before.get(&version.kv.key) {
-                Some(prev) => (!prev.tombstone).then(|| KeyValue::clone(&prev.kv)),
-                None => self
-                    .get(&version.kv.key, ReadAt::Revision(revision - 1))?
-                    .map(Arc::unwrap_or_clone),
+            let prev = if !prev_kv {
+                None
+            } else if let Some(prev) = before.get(&version.kv.key) {
+                (!prev.tombstone).then(|| KeyValue::clone(&prev.kv))
+            } else {
+                self.get(&version.kv.key, ReadAt::Revision(revision - 1))?
+                    .map(Arc::unwrap_or_clone)
             };
             let event = to_event(&version, prev);
-            before.insert(version.kv.key.clone(), version);
+            if prev_kv {
+                before.insert(version.kv.key.clone(), version);
+            }
             bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }

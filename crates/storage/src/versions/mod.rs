@@ -116,6 +116,18 @@ struct MemVersion {
     value: Bytes,
 }
 
+impl MemVersion {
+    /// This version of `key` as a record (sharing the key and value).
+    fn record(&self, key: &Bytes) -> Record {
+        Record {
+            key: key.clone(),
+            version: self.version,
+            tombstone: self.tombstone,
+            value: self.value.clone(),
+        }
+    }
+}
+
 /// Versions written since the last freeze, by key.
 #[derive(Debug, Default, Clone)]
 pub struct Memtable {
@@ -179,12 +191,7 @@ impl Memtable {
             .iter()
             .rev()
             .find(|v| v.version <= version_max)
-            .map(|v| Record {
-                key: stored_key.clone(),
-                version: v.version,
-                tombstone: v.tombstone,
-                value: v.value.clone(),
-            })
+            .map(|v| v.record(stored_key))
     }
 
     fn is_empty(&self) -> bool {
@@ -393,12 +400,7 @@ impl HistoryFound<'_> {
 
     fn into_record(self) -> Record {
         match self {
-            HistoryFound::Mem(key, v) => Record {
-                key: key.clone(),
-                version: v.version,
-                tombstone: v.tombstone,
-                value: v.value.clone(),
-            },
+            HistoryFound::Mem(key, v) => v.record(key),
             HistoryFound::Run(record) => record,
         }
     }
@@ -1690,12 +1692,7 @@ impl<'a, D: Disk> Cursor<'a, D> {
                 if let Some((key, versions)) = current {
                     if let Some(v) = versions.get(*at) {
                         *at += 1;
-                        return Some(Ok(Record {
-                            key: (*key).clone(),
-                            version: v.version,
-                            tombstone: v.tombstone,
-                            value: v.value.clone(),
-                        }));
+                        return Some(Ok(v.record(key)));
                     }
                 }
                 let (key, versions) = keys.next()?;
