@@ -51,7 +51,10 @@ for round in $(seq "$ROUNDS"); do
         (cd "$dir" && exec "$bin" dev >dev.log 2>&1) &
         dev=$!
         # A failed step must not leave the cluster holding the ports.
-        trap 'kill -INT "$dev" 2>/dev/null || true' EXIT
+        # SIGTERM, not SIGINT: a script run in the background starts its
+        # own background jobs with SIGINT ignored, and the cluster would
+        # never stop.
+        trap 'kill -TERM "$dev" 2>/dev/null || true' EXIT
         # Every member must take clients, and a leader be elected.
         for port in 2379 22379 32379; do
             for _ in $(seq 100); do
@@ -64,7 +67,7 @@ for round in $(seq "$ROUNDS"); do
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
         result=$("$B" bench --requests "$REQUESTS" --workload "$WORKLOAD" ${BENCH_ARGS:-} | grep '^RESULT')
         after=$(cpu_ticks "$dev")
-        kill -INT "$dev"
+        kill -TERM "$dev"
         wait "$dev" 2>/dev/null || true
         rm -rf "$dir"
         us_per_request=$(( (after - before) * 1000000 / TICKS_PER_S / REQUESTS ))

@@ -37,7 +37,7 @@ for ep in $ALL; do
 done
 if [[ -z "$leader" ]]; then
   echo "follower-lag: no leader found" >&2
-  kill -INT "$DEV"
+  kill -TERM "$DEV"
   exit 1
 fi
 follower="$(for ep in $ALL; do [[ "$ep" != "$leader" ]] && echo "$ep"; done | head -1)"
@@ -61,7 +61,7 @@ for i in $(seq 1 30); do
 done
 sleep 1
 pkill -f "etcdctl --endpoints=$follower watch" 2>/dev/null
-kill -INT "$DEV"
+kill -TERM "$DEV"
 wait "$DEV" 2>/dev/null
 
 echo "leader $leader, follower $follower"

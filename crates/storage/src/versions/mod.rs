@@ -80,7 +80,7 @@ pub mod manifest;
 pub mod run;
 
 use std::collections::BTreeMap;
-use std::ops::{Bound, RangeBounds};
+use std::ops::{Bound, RangeBounds, RangeInclusive};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -381,6 +381,25 @@ fn walkable_from(start: &[u8], end: Bound<&[u8]>) -> bool {
 enum Layer<'a, D: Disk> {
     Mem(&'a Memtable),
     Runs(&'a [Arc<Run<D>>]),
+}
+
+/// How many times wider each window of a history walk is than the one
+/// before (see [`VersionStore::history`]): a walk that finds little in its
+/// first window reaches far back in a few more.
+const HISTORY_WINDOW_GROWTH: u64 = 4;
+
+/// What a history walk returned, and what it cost.
+#[derive(Debug, Default)]
+struct HistoryWalk {
+    /// The versions it returns.
+    records: Vec<Record>,
+    /// Windows it walked.
+    windows: usize,
+    /// Versions of the memtables it looked at (each key's versions within
+    /// a window, after a binary search to the first).
+    memtable_versions: usize,
+    /// Blocks of runs it read (whole, as every read of a run does).
+    blocks_read: usize,
 }
 
 /// A version a history walk found: in a memtable (by reference, copied
@@ -692,8 +711,17 @@ impl<D: Disk> VersionStore<D> {
     /// When there are more than `records_max`, only the oldest are
     /// returned: the first `records_max` and the rest of the last one's
     /// version, so that the changes of one version are never split. The
-    /// caller reads on from the version after the last it got. What is
-    /// left out costs a look at its version number, not a copy.
+    /// caller reads on from the version after the last it got.
+    ///
+    /// A watcher far behind must not pay for its whole lag on every
+    /// batch, so the walk looks at versions in windows, oldest first: the
+    /// first spans `records_max` versions and each next one
+    /// [`HISTORY_WINDOW_GROWTH`] times the one before, until a window
+    /// brings the count to `records_max` or reaches `version_max`. A batch
+    /// costs a look at the versions of the last window or two past what it
+    /// returns: in memtables a seek per key and window, then each version
+    /// in the window; in runs, whose blocks are in key order, every block
+    /// whose versions meet a window. Only what is kept is copied.
     pub fn history(
         &self,
         start: &[u8],
@@ -702,12 +730,69 @@ impl<D: Disk> VersionStore<D> {
         version_max: u64,
         records_max: usize,
     ) -> Result<Vec<Record>> {
-        let mut out: Vec<HistoryFound<'_>> = Vec::new();
+        Ok(self
+            .history_walk(start, end, version_min..=version_max, records_max)?
+            .records)
+    }
+
+    /// [`VersionStore::history`], with how much it looked at.
+    fn history_walk(
+        &self,
+        start: &[u8],
+        end: Bound<&[u8]>,
+        versions: RangeInclusive<u64>,
+        records_max: usize,
+    ) -> Result<HistoryWalk> {
+        let mut walk = HistoryWalk::default();
+        let (version_min, version_max) = (*versions.start(), *versions.end());
         if !walkable_from(start, end) || version_min > version_max || records_max == 0 {
-            return Ok(Vec::new());
+            return Ok(walk);
         }
+        let mut found: Vec<HistoryFound<'_>> = Vec::new();
+        let mut window_min = version_min;
+        let mut window_span = u64::try_from(records_max).unwrap_or(u64::MAX);
+        loop {
+            let window_max = window_min
+                .saturating_add(window_span.saturating_sub(1))
+                .min(version_max);
+            self.history_window(start, end, window_min..=window_max, &mut found, &mut walk)?;
+            walk.windows += 1;
+            if found.len() >= records_max || window_max >= version_max {
+                break;
+            }
+            // Every version up to `window_max` is in `found`: the next
+            // window starts right after it.
+            window_min = window_max + 1;
+            window_span = window_span.saturating_mul(HISTORY_WINDOW_GROWTH);
+        }
+        if found.len() > records_max {
+            // Keep the oldest `records_max` and whatever shares the
+            // version of the newest of them.
+            let last = found
+                .select_nth_unstable_by_key(records_max - 1, HistoryFound::version)
+                .1
+                .version();
+            found.retain(|r| r.version() <= last);
+        }
+        // Only what is kept is copied out of the memtables.
+        let mut records: Vec<Record> = found.into_iter().map(HistoryFound::into_record).collect();
+        records.sort_unstable_by(|a, b| (a.version, &a.key).cmp(&(b.version, &b.key)));
+        walk.records = records;
+        Ok(walk)
+    }
+
+    /// Adds to `found` every version of the keys in `[start, end)` within
+    /// `versions`, from every layer.
+    fn history_window<'a>(
+        &'a self,
+        start: &[u8],
+        end: Bound<&[u8]>,
+        versions: RangeInclusive<u64>,
+        found: &mut Vec<HistoryFound<'a>>,
+        walk: &mut HistoryWalk,
+    ) -> Result<()> {
+        let (version_min, version_max) = (*versions.start(), *versions.end());
         let keys = (Bound::Included(start), end);
-        let versions = version_min..=version_max;
         for layer in self.layers() {
             match layer {
                 Layer::Mem(table) => {
@@ -715,12 +800,12 @@ impl<D: Disk> VersionStore<D> {
                         // Each key's versions ascend: skip to the first in
                         // the window by a binary search.
                         let first = key_versions.partition_point(|v| v.version < version_min);
-                        out.extend(
-                            key_versions[first..]
-                                .iter()
-                                .take_while(|v| v.version <= version_max)
-                                .map(|v| HistoryFound::Mem(key, v)),
-                        );
+                        let in_window = key_versions[first..]
+                            .iter()
+                            .take_while(|v| v.version <= version_max);
+                        let before = found.len();
+                        found.extend(in_window.map(|v| HistoryFound::Mem(key, v)));
+                        walk.memtable_versions += found.len() - before;
                     }
                 }
                 Layer::Runs(runs) => {
@@ -745,8 +830,10 @@ impl<D: Disk> VersionStore<D> {
                             if block.max_version < version_min || block.min_version > version_max {
                                 continue;
                             }
-                            out.extend(
-                                run.read_block(i)?
+                            let records = run.read_block(i)?;
+                            walk.blocks_read += 1;
+                            found.extend(
+                                records
                                     .into_iter()
                                     .filter(|r| {
                                         versions.contains(&r.version)
@@ -759,19 +846,7 @@ impl<D: Disk> VersionStore<D> {
                 }
             }
         }
-        if out.len() > records_max {
-            // Keep the oldest `records_max` and whatever shares the
-            // version of the newest of them.
-            let last = out
-                .select_nth_unstable_by_key(records_max - 1, HistoryFound::version)
-                .1
-                .version();
-            out.retain(|r| r.version() <= last);
-        }
-        // Only what is kept is copied out of the memtables.
-        let mut out: Vec<Record> = out.into_iter().map(HistoryFound::into_record).collect();
-        out.sort_unstable_by(|a, b| (a.version, &a.key).cmp(&(b.version, &b.key)));
-        Ok(out)
+        Ok(())
     }
 
     /// Bytes of the run files, cheap enough for every request (a look at

@@ -263,6 +263,96 @@ fn history_of_a_key_range_is_cut_at_a_whole_version() {
     }
 }
 
+/// A watcher 20,000 versions behind, on a prefix that changes with every
+/// version, catches up in batches of 100. Each batch must cost about what
+/// it returns, in the memtable and in runs on disk alike; a walk to the
+/// present looked at every version of its lag for every batch.
+#[test]
+fn a_history_batch_far_behind_looks_at_about_what_it_returns() {
+    let disk = SimDisk::with_seed(7);
+    let (mut store, _) = open(&disk);
+    let mut model = Model::new();
+    let versions_total = 20_000u64;
+    let records_max = 100usize;
+    for version in 1..=versions_total {
+        let key = format!("hot/{:02}", version % 10);
+        put(
+            &mut store,
+            &mut model,
+            record(key.as_bytes(), version, false, &[1; 200]),
+        );
+        // The older half goes to runs, the newer half stays in memory.
+        if version == versions_total / 2 {
+            store.freeze(version, Bytes::new());
+            run_jobs(&mut store);
+        }
+    }
+    let prefix_end = Bound::Excluded(&b"hot0"[..]);
+    for version_min in [1, versions_total / 4, versions_total * 3 / 4] {
+        let walk = store
+            .history_walk(
+                b"hot/",
+                prefix_end,
+                version_min..=versions_total,
+                records_max,
+            )
+            .unwrap();
+        assert_eq!(
+            walk.records,
+            model_history(
+                &model,
+                (Bound::Included(&b"hot/"[..]), prefix_end),
+                version_min..=versions_total,
+                records_max
+            ),
+            "from {version_min}"
+        );
+        assert_eq!(walk.records.len(), records_max, "from {version_min}");
+        assert_eq!(
+            walk.windows, 1,
+            "from {version_min}: the first window holds the batch"
+        );
+        if version_min > versions_total / 2 {
+            assert_eq!(walk.memtable_versions, records_max, "from {version_min}");
+            assert_eq!(walk.blocks_read, 0, "from {version_min}");
+        } else {
+            // The window of 100 versions meets one or two blocks of each
+            // of the 10 keys, out of about 14 each.
+            assert!(
+                walk.blocks_read <= 20,
+                "from {version_min}: {} blocks",
+                walk.blocks_read
+            );
+            assert_eq!(walk.memtable_versions, 0, "from {version_min}");
+        }
+    }
+    // A key that changed only every 1,000th version is found in windows
+    // growing four times each: a few of them, not one per batch size.
+    for version in (versions_total + 1..=versions_total + 10_000).step_by(1_000) {
+        put(
+            &mut store,
+            &mut model,
+            record(b"rare", version, false, b"r"),
+        );
+    }
+    let walk = store
+        .history_walk(
+            b"rare",
+            Bound::Included(&b"rare"[..]),
+            1..=versions_total + 10_000,
+            5,
+        )
+        .unwrap();
+    let versions: Vec<u64> = walk.records.iter().map(|r| r.version).collect();
+    assert_eq!(
+        versions,
+        (0..5)
+            .map(|i| versions_total + 1 + i * 1_000)
+            .collect::<Vec<_>>()
+    );
+    assert!(walk.windows <= 10, "{} windows", walk.windows);
+}
+
 #[test]
 fn random_writes_flushes_and_merges_match_the_model() {
     for seed in 0..20 {
