@@ -49,7 +49,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .route_name("Watch")
                 .input_type("crate::pb::etcdserverpb::WatchRequest")
                 .output_type("crate::pb::ferrypb::WatchResponseWire")
-                .codec_path("crate::grpc_codec::EtcdCodec")
+                // Copies events without touching their shared counts.
+                .codec_path("crate::grpc_codec::WatchCodec")
                 .client_streaming()
                 .server_streaming()
                 .build(),

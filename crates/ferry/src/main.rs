@@ -25,6 +25,9 @@ use clap::{Parser, Subcommand};
 /// `malloc_consolidate`). mimalloc's per-thread free lists make the same
 /// work cheaper; it is one C file built by the `cc` crate, so the build
 /// needs nothing beyond the C compiler the Rust toolchain links with.
+/// The crate's default, mimalloc v3, is also cheaper here than its v2
+/// (`scripts/bench-ab.sh`, puts at 256 clients, 5 rounds: 62 against
+/// 69 µs of server CPU per put, medians).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use ferry_storage::versions::{
     JobLane, ManifestWrite, ManifestWritten, RangeView, Record, StoreView, VersionStore,
     VersionStoreOptions,
@@ -317,7 +317,7 @@ impl SnapshotVersionCheck {
 /// The value bytes of a stored version: sub-revision, create revision,
 /// version and lease, then the value.
 pub fn encode_version(sub_revision: u32, kv: &KeyValue) -> Bytes {
-    let mut out = Vec::with_capacity(4 + 24 + kv.value.len());
+    let mut out = Vec::with_capacity(ENCODED_VERSION_HEADER_BYTES + kv.value.len());
     out.extend_from_slice(&sub_revision.to_le_bytes());
     out.extend_from_slice(&kv.create_revision.to_le_bytes());
     out.extend_from_slice(&kv.version.to_le_bytes());
@@ -325,6 +325,10 @@ pub fn encode_version(sub_revision: u32, kv: &KeyValue) -> Bytes {
     out.extend_from_slice(&kv.value);
     Bytes::from(out)
 }
+
+/// The header [`encode_version`] puts before a value: the sub-revision
+/// (4 bytes), create revision, version and lease (8 each).
+const ENCODED_VERSION_HEADER_BYTES: usize = 4 + 3 * 8;
 
 /// A stored version from its record (see [`encode_version`]).
 pub fn decode_version(record: &Record) -> Result<Version, KvError> {
@@ -351,7 +355,7 @@ pub struct Found {
 impl Found {
     /// Reads the header of a stored version (see [`encode_version`]).
     fn of(record: Record) -> Result<Found, KvError> {
-        if record.value.len() < 28 {
+        if record.value.len() < ENCODED_VERSION_HEADER_BYTES {
             return Err(KvError::Storage(format!(
                 "a stored version of {} bytes is shorter than its header",
                 record.value.len()
@@ -378,13 +382,30 @@ impl Found {
     }
 
     fn value(&self) -> &[u8] {
-        &self.record.value[28..]
+        &self.record.value[ENCODED_VERSION_HEADER_BYTES..]
     }
 
     /// What it adds to a response (see [`kv_response_bytes`]).
     fn response_bytes(&self, keys_only: bool) -> usize {
         let value = if keys_only { 0 } else { self.value().len() };
         self.record.key.len() + value + KV_OVERHEAD_BYTES
+    }
+
+    /// The key-value, sharing the store's buffers: no copy, and no change
+    /// to a shared count (a value read from a run is a slice of its block,
+    /// which lives as long as the key-value; see [`Found::to_key_value`]).
+    fn into_shared_key_value(self) -> KeyValue {
+        let mod_revision = self.mod_revision();
+        let mut value = self.record.value;
+        value.advance(ENCODED_VERSION_HEADER_BYTES);
+        KeyValue {
+            key: self.record.key,
+            create_revision: self.create_revision,
+            mod_revision,
+            version: self.version,
+            value,
+            lease: self.lease,
+        }
     }
 
     /// The key-value, copied out of the store's encoding (a value read from
@@ -797,6 +818,10 @@ impl MvccStore {
     /// costs a look-up per key). Stops after the revision in which the
     /// event count reaches `events_max` or the events' size reaches
     /// `bytes_max`, so a revision is never split.
+    ///
+    /// The events' keys and values share the store's buffers, not copies
+    /// (a value read from a run is a slice of its block): they are meant to
+    /// be encoded and dropped, as the watch hub does, not kept.
     pub fn history(
         &self,
         range: &KeyRange,
@@ -820,36 +845,46 @@ impl MvccStore {
             .versions
             .history(start, end, version_of(from), version_of(to), events_max)
             .map_err(storage_error)?;
-        let mut found: Vec<Version> = Vec::with_capacity(changes.len());
+        let mut found: Vec<Found> = Vec::with_capacity(changes.len());
         for record in changes {
-            found.push(decode_version(&record)?);
+            found.push(Found::of(record)?);
         }
-        found.sort_by_key(|v| (v.kv.mod_revision, v.sub_revision));
+        found.sort_by_key(|f| (f.mod_revision(), f.sub_revision));
         let mut events = Vec::new();
         let mut bytes = 0usize;
         let mut last_revision = 0;
-        // A key's change before this one, when it lies in the window too:
-        // its value is this change's previous one, so only a key's first
-        // change here costs a lookup.
-        let mut before: HashMap<Bytes, Version> = HashMap::new();
-        for version in found {
-            let revision = version.kv.mod_revision;
+        // A key's change before this one, when it lies in the window too
+        // (`None`: a delete): its value is this change's previous one, so
+        // only a key's first change here costs a lookup.
+        let mut before: HashMap<Bytes, Option<KeyValue>> = HashMap::new();
+        for change in found {
+            let revision = change.mod_revision();
             if (events.len() >= events_max || bytes >= bytes_max) && revision != last_revision {
                 break;
             }
             last_revision = revision;
+            let tombstone = change.record.tombstone;
+            let kv = change.into_shared_key_value();
             let prev = if !prev_kv {
                 None
-            } else if let Some(prev) = before.get(&version.kv.key) {
-                (!prev.tombstone).then(|| KeyValue::clone(&prev.kv))
+            } else if let Some(prev) = before.get(&kv.key) {
+                prev.clone()
             } else {
-                self.get(&version.kv.key, ReadAt::Revision(revision - 1))?
+                self.get(&kv.key, ReadAt::Revision(revision - 1))?
                     .map(Arc::unwrap_or_clone)
             };
-            let event = to_event(&version, prev);
             if prev_kv {
-                before.insert(version.kv.key.clone(), version);
+                before.insert(kv.key.clone(), (!tombstone).then(|| kv.clone()));
             }
+            let event = Event {
+                r#type: if tombstone {
+                    EventType::Delete as i32
+                } else {
+                    EventType::Put as i32
+                },
+                kv: Some(kv),
+                prev_kv: prev,
+            };
             bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }
