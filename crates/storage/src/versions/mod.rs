@@ -716,7 +716,7 @@ impl<D: Disk> VersionStore<D> {
     /// A watcher far behind must not pay for its whole lag on every
     /// batch, so the walk looks at versions in windows, oldest first: the
     /// first spans `records_max` versions and each next one
-    /// [`HISTORY_WINDOW_GROWTH`] times the one before, until a window
+    /// `HISTORY_WINDOW_GROWTH` (four) times the one before, until a window
     /// brings the count to `records_max` or reaches `version_max`. A batch
     /// costs a look at the versions of the last window or two past what it
     /// returns: in memtables a seek per key and window, then each version
