@@ -865,26 +865,19 @@ impl MvccStore {
             last_revision = revision;
             let tombstone = change.record.tombstone;
             let kv = change.into_shared_key_value();
-            let prev = if !prev_kv {
-                None
-            } else if let Some(prev) = before.get(&kv.key) {
-                prev.clone()
-            } else {
-                self.get(&kv.key, ReadAt::Revision(revision - 1))?
-                    .map(Arc::unwrap_or_clone)
-            };
-            if prev_kv {
+            let prev = if prev_kv {
+                let prev = match before.get(&kv.key) {
+                    Some(prev) => prev.clone(),
+                    None => self
+                        .get(&kv.key, ReadAt::Revision(revision - 1))?
+                        .map(Arc::unwrap_or_clone),
+                };
                 before.insert(kv.key.clone(), (!tombstone).then(|| kv.clone()));
-            }
-            let event = Event {
-                r#type: if tombstone {
-                    EventType::Delete as i32
-                } else {
-                    EventType::Put as i32
-                },
-                kv: Some(kv),
-                prev_kv: prev,
+                prev
+            } else {
+                None
             };
+            let event = event_of(kv, tombstone, prev);
             bytes = bytes.saturating_add(event_size_bytes(&event));
             events.push(event);
         }
@@ -990,13 +983,18 @@ impl MvccStore {
 
 /// Turns a stored version into a watch event.
 pub fn to_event(version: &Version, prev_kv: Option<KeyValue>) -> Event {
+    event_of(KeyValue::clone(&version.kv), version.tombstone, prev_kv)
+}
+
+/// The event of a change to `kv` (a delete when `tombstone`).
+fn event_of(kv: KeyValue, tombstone: bool, prev_kv: Option<KeyValue>) -> Event {
     Event {
-        r#type: if version.tombstone {
+        r#type: if tombstone {
             EventType::Delete as i32
         } else {
             EventType::Put as i32
         },
-        kv: Some(KeyValue::clone(&version.kv)),
+        kv: Some(kv),
         prev_kv,
     }
 }
