@@ -54,6 +54,13 @@
 #   ETCD_ARGS    more `etcd` flags, given to every member [] (for experiments)
 #   FERRY_ARGS   more `ferry serve` flags, given to every member [] (for experiments)
 #   SYSTEMS      which systems to run, in order of each round [etcd ferry]
+#   FLOOR        the grpc_floor example's binary (cargo build --release -p
+#                ferry-server --example grpc_floor; it is then
+#                target/release/examples/grpc_floor): adds the system
+#                "floor", the gRPC stack alone (a map behind the KV service,
+#                one process on ports 13679, 13779, 13879), and its CPU per
+#                request to the cost table: what a call costs before any of
+#                ferry's own work []
 #   KEEP_LOGS    a folder to copy every node's log into []
 #   PRELOAD_KEYS         keys put once each before the measured phase, to
 #                        measure a store that holds data [0]
@@ -110,6 +117,11 @@ BENCH_ARGS="${BENCH_ARGS:-}"
 ETCD_ARGS="${ETCD_ARGS:-}"
 FERRY_ARGS="${FERRY_ARGS:-}"
 SYSTEMS="${SYSTEMS:-etcd ferry}"
+FLOOR="${FLOOR:-}"
+if [[ -n "$FLOOR" ]]; then
+  FLOOR="$(realpath "$FLOOR")"
+  SYSTEMS+=" floor"
+fi
 KEEP_LOGS="${KEEP_LOGS:-}"
 PRELOAD_KEYS="${PRELOAD_KEYS:-0}"
 PRELOAD_VALUE_BYTES="${PRELOAD_VALUE_BYTES:-1024}"
@@ -136,6 +148,7 @@ ETCD_CLIENT_PORTS=(12379 12479 12579)
 ETCD_PEER_PORTS=(12380 12480 12580)
 FERRY_CLIENT_PORTS=(13379 13479 13579)
 FERRY_PEER_PORTS=(13380 13480 13580)
+FLOOR_PORTS=(13679 13779 13879)
 
 DIR="$(mktemp -d)"
 RESULTS="$DIR/results"
@@ -229,6 +242,12 @@ start_ferry() {
   done
 }
 
+start_floor() {
+  local ports="${FLOOR_PORTS[*]}"
+  "$FLOOR" hyper multi "${ports// /,}" >"$1/floor.log" 2>&1 &
+  PIDS+=($!)
+}
+
 # Waits until a one-request put through every endpoint succeeds (so there is
 # a leader and every member reaches it). WAIT_READY_S seconds at most [60].
 wait_ready() {
@@ -289,11 +308,11 @@ now_ms() {
 
 # Starts the cluster of SYSTEM on DATA (fresh or not).
 start_system() {
-  if [[ "$1" == etcd ]]; then
-    start_etcd "$2"
-  else
-    start_ferry "$2"
-  fi
+  case "$1" in
+    etcd) start_etcd "$2" ;;
+    floor) start_floor "$2" ;;
+    *) start_ferry "$2" ;;
+  esac
 }
 
 # The value of KEY in a RESULT line.
@@ -329,6 +348,9 @@ run_one() {
   if [[ "$system" == etcd ]]; then
     ports=("${ETCD_CLIENT_PORTS[@]}")
     check_ports_free "${ETCD_CLIENT_PORTS[@]}" "${ETCD_PEER_PORTS[@]}" || return 1
+  elif [[ "$system" == floor ]]; then
+    ports=("${FLOOR_PORTS[@]}")
+    check_ports_free "${FLOOR_PORTS[@]}" || return 1
   else
     ports=("${FERRY_CLIENT_PORTS[@]}")
     check_ports_free "${FERRY_CLIENT_PORTS[@]}" "${FERRY_PEER_PORTS[@]}" || return 1
@@ -516,6 +538,17 @@ for workload in $LABELS; do
     "$(column_of etcd "$workload" 13 | grep -v -- - | median)" \
     "$(column_of ferry "$workload" 13 | grep -v -- - | median)"
 done
+if [[ -n "$FLOOR" ]]; then
+  echo
+  echo "The gRPC stack alone (grpc_floor: hyper's HTTP/2 server and tonic's KV service over a map," \
+    "one process), server CPU per request, medians:"
+  for workload in $LABELS; do
+    f_cpu="$(column_of ferry "$workload" 10 | median)"
+    g_cpu="$(column_of floor "$workload" 10 | median)"
+    printf '%-30s floor %6s us   ferry %6s us   ferry/floor %s\n' \
+      "$workload" "$g_cpu" "$f_cpu" "$(ratio "$f_cpu" "$g_cpu")"
+  done
+fi
 if [[ " $LABELS " == *" put@1x1 "* && "$FSYNC_US" -gt 0 ]]; then
   e_p50="$(column_of etcd put@1x1 5 | median)"
   f_p50="$(column_of ferry put@1x1 5 | median)"

@@ -46,11 +46,7 @@ async fn main() -> ExitCode {
     };
     println!("ferry local_server: etcd v3 API on http://{bound} (in-process backend, no Raft)");
     match task.await {
-        Ok(Ok(())) => ExitCode::SUCCESS,
-        Ok(Err(error)) => {
-            eprintln!("local_server: server failed: {error}");
-            ExitCode::FAILURE
-        }
+        Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("local_server: server task failed: {error}");
             ExitCode::FAILURE

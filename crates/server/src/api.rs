@@ -9,6 +9,7 @@
 //! [`gateway`] on the same ports.
 
 pub mod gateway;
+pub mod grpc_server;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,15 +40,15 @@ use crate::connections::{
 use crate::error::{ApiError, KvError};
 use crate::kv_state::{grows_store, CommandResponse};
 use crate::log_limit::SharedLogLimiter;
-use crate::metrics::grpc::{GrpcMetrics, GrpcMetricsLayer};
+use crate::metrics::grpc::GrpcMetrics;
 use crate::pb::etcdserverpb as pb;
-use crate::pb::etcdserverpb::auth_server::{Auth, AuthServer};
-use crate::pb::etcdserverpb::cluster_server::{Cluster, ClusterServer};
-use crate::pb::etcdserverpb::kv_server::{Kv, KvServer};
-use crate::pb::etcdserverpb::lease_server::{Lease, LeaseServer};
-use crate::pb::etcdserverpb::maintenance_server::{Maintenance, MaintenanceServer};
+use crate::pb::etcdserverpb::auth_server::Auth;
+use crate::pb::etcdserverpb::cluster_server::Cluster;
+use crate::pb::etcdserverpb::kv_server::Kv;
+use crate::pb::etcdserverpb::lease_server::Lease;
+use crate::pb::etcdserverpb::maintenance_server::Maintenance;
 use crate::pb::etcdserverpb::watch_request::RequestUnion;
-use crate::pb::etcdserverpb::watch_wire::watch_server::{Watch, WatchServer};
+use crate::pb::etcdserverpb::watch_wire::watch_server::Watch;
 use crate::pb::ferrypb::WatchResponseWire;
 use crate::pb::ferrypb::{AuthStamp, Command};
 use crate::state::{StateMachine, RANGE_KEYS_PER_LOCK};
@@ -61,9 +62,6 @@ pub const REPORTED_ETCD_VERSION: &str = "3.5.0";
 /// oversized request reaches our check and gets etcd's error instead of a
 /// transport error (etcd allows the same 512 KiB).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
-
-/// A client connection as the HTTP/2 server reads it.
-type ClientStream = AuthorityRepair<ClientConnection<BatchedWrites<ClientIo>>>;
 
 /// A port the API serves on: plaintext, or TLS with these certificates
 /// (etcd's `--listen-client-urls http://...,https://...`).
@@ -448,11 +446,10 @@ impl<B: Backend> EtcdApi<B> {
         let _ = stopping.wait_for(|stop| *stop).await;
     }
 
-    /// All services (KV, Watch, Lease, Cluster, Maintenance, Auth), ready
-    /// for a tonic server.
-    pub fn routes(&self) -> tonic::service::Routes {
-        // Room for the largest request the state machine accepts plus
-        // framing, so an oversized request gets etcd's error from our check.
+    /// The largest gRPC message the services decode: room for the largest
+    /// request the state machine accepts plus framing, so that an
+    /// oversized request gets etcd's error from our check.
+    fn grpc_message_bytes_max(&self) -> usize {
         let request_size_max = self
             .backend
             .state()
@@ -460,16 +457,9 @@ impl<B: Backend> EtcdApi<B> {
             .kv()
             .limits()
             .request_size_bytes_max;
-        let size_max = self
-            .options
+        self.options
             .grpc_message_size_bytes_max
-            .max(request_size_max.saturating_add(GRPC_OVERHEAD_BYTES));
-        tonic::service::Routes::new(KvServer::new(self.clone()).max_decoding_message_size(size_max))
-            .add_service(WatchServer::new(self.clone()).max_decoding_message_size(size_max))
-            .add_service(LeaseServer::new(self.clone()).max_decoding_message_size(size_max))
-            .add_service(ClusterServer::new(self.clone()).max_decoding_message_size(size_max))
-            .add_service(MaintenanceServer::new(self.clone()).max_decoding_message_size(size_max))
-            .add_service(AuthServer::new(self.clone()).max_decoding_message_size(size_max))
+            .max(request_size_max.saturating_add(GRPC_OVERHEAD_BYTES))
     }
 
     /// Serves the API on `listener` until `shutdown` resolves.
@@ -482,11 +472,7 @@ impl<B: Backend> EtcdApi<B> {
     /// that etcd v3.4 clients which send a URL as the HTTP/2 authority are
     /// served too, and have Nagle's algorithm off, so that small responses
     /// are not held back.
-    pub async fn serve(
-        self,
-        listener: TcpListener,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), tonic::transport::Error> {
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) {
         self.serve_on(
             vec![ClientListener {
                 listener,
@@ -494,7 +480,7 @@ impl<B: Backend> EtcdApi<B> {
             }],
             shutdown,
         )
-        .await
+        .await;
     }
 
     /// Serves the API on every listener of `listeners` until `shutdown`
@@ -507,29 +493,27 @@ impl<B: Backend> EtcdApi<B> {
         self,
         listeners: Vec<ClientListener>,
         shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), tonic::transport::Error> {
-        let routes = self.routes();
-        let api = self.clone();
-        let shutdown = async move {
-            shutdown.await;
-            api.stop_streams();
-        };
+    ) {
+        let router = grpc_server::GrpcRouter::new(&self, self.grpc_message_bytes_max());
         let gate = ConnectionGate::new(self.options.connection_limits);
         let timeouts = self.options.client_timeouts;
-        // One accepted connection is handed over at a time: the gate, not a
-        // queue, decides how many there are.
-        let (accepted_tx, accepted) = mpsc::channel::<std::io::Result<ClientStream>>(1);
+        // Every connection task holds a sender; once the API stops, the
+        // receiver's end tells when the last connection is done.
+        let (connections_open, mut connections_done) = mpsc::channel::<()>(1);
+        let (stop_accepting, accepting_stopped) = tokio::sync::watch::channel(false);
         let warnings = Arc::new(SharedLogLimiter::for_remote_input());
         for ClientListener { listener, tls } in listeners {
-            let accepted_tx = accepted_tx.clone();
             let gate = gate.clone();
             let warnings = warnings.clone();
             let api = self.clone();
+            let router = router.clone();
+            let connections_open = connections_open.clone();
+            let mut accepting_stopped = accepting_stopped.clone();
             tokio::spawn(async move {
                 loop {
                     let (stream, remote, ticket) = tokio::select! {
                         // The server stopped accepting: close the listener.
-                        _ = accepted_tx.closed() => return,
+                        _ = accepting_stopped.wait_for(|stop| *stop) => return,
                         accepted = gate.accept(&listener, "client", &warnings) => accepted,
                     };
                     let _ = stream.set_nodelay(true);
@@ -537,9 +521,11 @@ impl<B: Backend> EtcdApi<B> {
                     // the accept loop, each holding its ticket: a slow
                     // client delays nobody else.
                     let tls = tls.clone();
-                    let accepted_tx = accepted_tx.clone();
                     let api = api.clone();
+                    let router = router.clone();
+                    let open = connections_open.clone();
                     tokio::spawn(async move {
+                        let _open = open;
                         let io = match &tls {
                             None => ClientIo::Plain(stream),
                             Some(tls) => {
@@ -558,8 +544,16 @@ impl<B: Backend> EtcdApi<B> {
                             ClientConnection::new(BatchedWrites::new(io), timeouts, Some(ticket));
                         match connection.sniff().await {
                             Ok(ClientProtocol::Http2) => {
-                                let _ =
-                                    accepted_tx.send(Ok(AuthorityRepair::new(connection))).await;
+                                let metrics = api.grpc_metrics.clone();
+                                grpc_server::serve_connection(
+                                    &router,
+                                    metrics,
+                                    AuthorityRepair::new(connection),
+                                    info,
+                                    timeouts.keepalive_interval(),
+                                    api.stopped(),
+                                )
+                                .await;
                             }
                             Ok(ClientProtocol::Http1) => {
                                 gateway::serve_connection(api, connection, info).await;
@@ -572,15 +566,14 @@ impl<B: Backend> EtcdApi<B> {
                 }
             });
         }
-        drop(accepted_tx);
-        let keepalive = timeouts.keepalive_interval();
-        tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(keepalive))
-            .http2_keepalive_timeout(Some(keepalive))
-            .layer(GrpcMetricsLayer::new(self.grpc_metrics.clone()))
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(ReceiverStream::new(accepted), shutdown)
-            .await
+        drop(connections_open);
+        drop(accepting_stopped);
+        shutdown.await;
+        // Streams end, listeners close, and each connection shuts down
+        // gracefully: the calls in flight finish.
+        self.stop_streams();
+        let _ = stop_accepting.send(true);
+        while connections_done.recv().await.is_some() {}
     }
 
     fn header(&self, revision: i64) -> pb::ResponseHeader {
@@ -2018,10 +2011,7 @@ pub async fn spawn_server<B: Backend>(
     api: EtcdApi<B>,
     address: SocketAddr,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<(
-    SocketAddr,
-    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-)> {
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = crate::connections::bind_listener(address)?;
     let local = listener.local_addr()?;
     let task = tokio::spawn(api.serve(listener, shutdown));

@@ -3,7 +3,8 @@
 //! `grpc_server_handled_total`, labelled `grpc_type`, `grpc_service`,
 //! `grpc_method` (and `grpc_code`).
 //!
-//! [`GrpcMetricsLayer`] wraps the tonic server: a call is started when its
+//! [`GrpcMetricsLayer`] wraps the API's gRPC services on every client
+//! connection (see `crate::api::grpc_server`): a call is started when its
 //! request arrives, and handled when its status is known: in the
 //! response's headers (an error answered at once), in the trailers after
 //! its body (a success, or a stream that ended with an error), or

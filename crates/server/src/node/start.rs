@@ -362,9 +362,7 @@ pub async fn start_node(config: NodeConfig) -> Result<RunningNode, StartError> {
         let stop = async move {
             let _ = api_shutdown.wait_for(|stop| *stop).await;
         };
-        if let Err(error) = api.serve_on(listeners, stop).await {
-            tracing::error!(%error, "the client API stopped");
-        }
+        api.serve_on(listeners, stop).await;
     });
 
     let housekeeping = Housekeeping {

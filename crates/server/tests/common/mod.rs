@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 /// ends once it has.
 pub struct TestServer {
     pub address: SocketAddr,
-    pub task: JoinHandle<Result<(), tonic::transport::Error>>,
+    pub task: JoinHandle<()>,
     pub stop: oneshot::Sender<()>,
 }
 
