@@ -1219,7 +1219,7 @@ mod tests {
     struct TestCluster {
         endpoints: Vec<String>,
         stops: Vec<oneshot::Sender<()>>,
-        tasks: Vec<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
     }
 
     impl TestCluster {

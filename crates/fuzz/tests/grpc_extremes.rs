@@ -55,7 +55,7 @@ const TYPED_REFUSALS: [Code; 7] = [
 
 struct Server {
     channel: Channel,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    task: tokio::task::JoinHandle<()>,
     _stop: oneshot::Sender<()>,
 }
 
