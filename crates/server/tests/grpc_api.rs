@@ -808,3 +808,51 @@ async fn cluster_maintenance_and_unsupported_calls() {
         .await;
     assert_eq!(result.unwrap_err().code(), Code::Unimplemented);
 }
+
+/// A client connection may have at most `STREAMS_PER_CONNECTION_MAX`
+/// calls open at once: the server says so in its HTTP/2 settings (gRPC
+/// clients then queue their calls past it), and a call on a connection
+/// still answers as before.
+#[tokio::test]
+async fn a_connection_is_told_how_many_calls_it_may_have_open() {
+    let backend = Arc::new(LocalBackend::new(
+        KvLimits::default(),
+        WatchLimits::default(),
+        "http://127.0.0.1:0".to_string(),
+    ));
+    let server = common::start(backend, ApiOptions::default()).await;
+    let tcp = tokio::net::TcpStream::connect(server.address)
+        .await
+        .unwrap();
+    let (mut calls, connection) = h2::client::handshake(tcp).await.unwrap();
+    let mut connection = std::pin::pin!(connection);
+    // A call to a service nobody defines: its answer comes after the
+    // server's settings, and says Unimplemented in its headers.
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/etcdserverpb.Nonexistent/Call",
+            server.address
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, _) = calls.send_request(request, true).unwrap();
+    let mut response = std::pin::pin!(response);
+    let response = loop {
+        tokio::select! {
+            response = &mut response => break response.unwrap(),
+            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
+        }
+    };
+    assert_eq!(
+        response.headers().get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"12"[..]),
+        "{response:?}"
+    );
+    assert_eq!(
+        connection.max_concurrent_send_streams(),
+        ferry_server::api::grpc_server::STREAMS_PER_CONNECTION_MAX as usize
+    );
+}
