@@ -29,6 +29,15 @@ struct MapKv {
     keys: Arc<Mutex<HashMap<Vec<u8>, Vec<u8>>>>,
 }
 
+impl MapKv {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Vec<u8>>> {
+        // A panic while holding the lock leaves a usable map.
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
 #[tonic::async_trait]
 impl Kv for MapKv {
     async fn range(
@@ -36,7 +45,7 @@ impl Kv for MapKv {
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         let request = request.into_inner();
-        let value = self.keys.lock().expect("lock").get(&request.key).cloned();
+        let value = self.keys().get(&request.key).cloned();
         let kvs: Vec<KeyValue> = value
             .into_iter()
             .map(|value| KeyValue {
@@ -60,9 +69,7 @@ impl Kv for MapKv {
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
         let request = request.into_inner();
-        self.keys
-            .lock()
-            .expect("lock")
+        self.keys()
             .insert(request.key.to_vec(), request.value.to_vec());
         Ok(Response::new(pb::PutResponse {
             header: Some(pb::ResponseHeader::default()),
@@ -111,10 +118,13 @@ fn main() -> std::process::ExitCode {
             .build(),
     };
     match runtime {
-        Ok(runtime) => {
-            runtime.block_on(serve(server, ports));
-            std::process::ExitCode::SUCCESS
-        }
+        Ok(runtime) => match runtime.block_on(serve(server, ports)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("grpc_floor: {error}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         Err(error) => {
             eprintln!("grpc_floor: cannot start the runtime: {error}");
             std::process::ExitCode::FAILURE
@@ -122,24 +132,31 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn serve(server: String, ports: Vec<u16>) {
+/// Serves on every port until the process is stopped; fails if a port
+/// cannot be bound.
+async fn serve(server: String, ports: Vec<u16>) -> std::io::Result<()> {
     let kv = MapKv::default();
     let mut tasks = Vec::new();
     for port in ports {
-        let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let kv = kv.clone();
         let server = server.clone();
         tasks.push(tokio::spawn(async move {
             if server == "tonic" {
-                tonic::transport::Server::builder()
+                if let Err(error) = tonic::transport::Server::builder()
                     .add_service(KvServer::new(kv))
                     .serve_with_incoming(accepted(listener))
                     .await
-                    .expect("serve");
+                {
+                    eprintln!("grpc_floor: {error}");
+                }
                 return;
             }
             loop {
-                let (stream, _) = listener.accept().await.expect("accept");
+                // A failed accept (out of descriptors) is skipped.
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 if server == "h2" {
                     tokio::spawn(serve_h2(stream, kv.clone()));
@@ -157,6 +174,7 @@ async fn serve(server: String, ports: Vec<u16>) {
     for task in tasks {
         let _ = task.await;
     }
+    Ok(())
 }
 
 /// Serves one connection with h2 alone: each call is read whole, decoded,
@@ -211,11 +229,11 @@ async fn answer_h2(
         }
         _ => None,
     };
-    let head = http::Response::builder()
-        .status(200)
-        .header("content-type", "application/grpc")
-        .body(())
-        .expect("response head");
+    let mut head = http::Response::new(());
+    head.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
     let mut send = respond.send_response(head, false)?;
     let mut trailers = http::HeaderMap::new();
     let status = if let Some(encoded) = encoded {
