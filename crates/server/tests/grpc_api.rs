@@ -840,11 +840,9 @@ async fn a_connection_is_told_how_many_calls_it_may_have_open() {
         .unwrap();
     let (response, _) = calls.send_request(request, true).unwrap();
     let mut response = std::pin::pin!(response);
-    let response = loop {
-        tokio::select! {
-            response = &mut response => break response.unwrap(),
-            ended = &mut connection => panic!("the connection ended first: {ended:?}"),
-        }
+    let response = tokio::select! {
+        response = &mut response => response.unwrap(),
+        ended = &mut connection => panic!("the connection ended first: {ended:?}"),
     };
     assert_eq!(
         response.headers().get("grpc-status").map(|v| v.as_bytes()),
