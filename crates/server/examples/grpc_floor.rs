@@ -198,7 +198,6 @@ async fn answer_h2(
     mut respond: h2::server::SendResponse<bytes::Bytes>,
 ) -> Result<(), h2::Error> {
     use bytes::{Buf, BufMut};
-    use prost::Message;
     let (parts, mut body) = request.into_parts();
     let mut message = bytes::BytesMut::new();
     while let Some(chunk) = body.data().await {
@@ -211,22 +210,8 @@ async fn answer_h2(
     }
     message.advance(5);
     let encoded = match parts.uri.path() {
-        "/etcdserverpb.KV/Range" => {
-            let request = pb::RangeRequest::decode(message).unwrap_or_default();
-            let response = kv
-                .range(Request::new(request))
-                .await
-                .map(Response::into_inner);
-            response.ok().map(|r| r.encode_to_vec())
-        }
-        "/etcdserverpb.KV/Put" => {
-            let request = pb::PutRequest::decode(message).unwrap_or_default();
-            let response = kv
-                .put(Request::new(request))
-                .await
-                .map(Response::into_inner);
-            response.ok().map(|r| r.encode_to_vec())
-        }
+        "/etcdserverpb.KV/Range" => encoded(kv.range(decoded(message)).await),
+        "/etcdserverpb.KV/Put" => encoded(kv.put(decoded(message)).await),
         _ => None,
     };
     let mut head = http::Response::new(());
@@ -248,6 +233,19 @@ async fn answer_h2(
     };
     trailers.insert("grpc-status", http::HeaderValue::from_static(status));
     send.send_trailers(trailers)
+}
+
+/// A request message from its bytes (a malformed one reads as the empty
+/// message: the floor measures the stack, not validation).
+fn decoded<T: prost::Message + Default>(message: bytes::BytesMut) -> Request<T> {
+    Request::new(T::decode(message).unwrap_or_default())
+}
+
+/// A response's message bytes, or none for an error.
+fn encoded<T: prost::Message>(response: Result<Response<T>, Status>) -> Option<Vec<u8>> {
+    response
+        .ok()
+        .map(|response| response.into_inner().encode_to_vec())
 }
 
 /// The connections `listener` accepts, with Nagle's algorithm off (as the

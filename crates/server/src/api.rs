@@ -494,7 +494,7 @@ impl<B: Backend> EtcdApi<B> {
         listeners: Vec<ClientListener>,
         shutdown: impl Future<Output = ()> + Send,
     ) {
-        let router = grpc_server::GrpcRouter::new(&self, self.grpc_message_bytes_max());
+        let services = grpc_server::GrpcServices::new(&self, self.grpc_message_bytes_max());
         let gate = ConnectionGate::new(self.options.connection_limits);
         let timeouts = self.options.client_timeouts;
         // Every connection task holds a sender; once the API stops, the
@@ -506,13 +506,15 @@ impl<B: Backend> EtcdApi<B> {
             let gate = gate.clone();
             let warnings = warnings.clone();
             let api = self.clone();
-            let router = router.clone();
+            let services = services.clone();
             let connections_open = connections_open.clone();
             let mut accepting_stopped = accepting_stopped.clone();
             tokio::spawn(async move {
                 loop {
                     let (stream, remote, ticket) = tokio::select! {
-                        // The server stopped accepting: close the listener.
+                        // The server stopped accepting (or `serve_on` was
+                        // dropped, which `api.stopped()` would not see):
+                        // close the listener.
                         _ = accepting_stopped.wait_for(|stop| *stop) => return,
                         accepted = gate.accept(&listener, "client", &warnings) => accepted,
                     };
@@ -522,7 +524,7 @@ impl<B: Backend> EtcdApi<B> {
                     // client delays nobody else.
                     let tls = tls.clone();
                     let api = api.clone();
-                    let router = router.clone();
+                    let services = services.clone();
                     let open = connections_open.clone();
                     tokio::spawn(async move {
                         let _open = open;
@@ -546,7 +548,7 @@ impl<B: Backend> EtcdApi<B> {
                             Ok(ClientProtocol::Http2) => {
                                 let metrics = api.grpc_metrics.clone();
                                 grpc_server::serve_connection(
-                                    &router,
+                                    &services,
                                     metrics,
                                     AuthorityRepair::new(connection),
                                     info,

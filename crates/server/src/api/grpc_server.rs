@@ -57,8 +57,9 @@ use crate::tls::ClientConnectInfo;
 /// hold without limiting them.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 
-/// The API's services, each accepting messages up to the same size.
-struct Services<B: Backend> {
+/// The API's six services, each accepting messages up to the same size:
+/// built once by the API and shared by every connection.
+pub(super) struct GrpcServices<B: Backend> {
     kv: KvServer<EtcdApi<B>>,
     watch: WatchServer<EtcdApi<B>>,
     lease: LeaseServer<EtcdApi<B>>,
@@ -67,12 +68,28 @@ struct Services<B: Backend> {
     auth: AuthServer<EtcdApi<B>>,
 }
 
-/// Routes a call to the service its path names (`/etcdserverpb.KV/Range`
-/// goes to KV); a path naming no service of the API is answered
-/// `Unimplemented`. Cheap to clone: one per connection, with that
-/// connection's [`ClientConnectInfo`].
-pub(super) struct GrpcRouter<B: Backend> {
-    services: Arc<Services<B>>,
+impl<B: Backend> GrpcServices<B> {
+    /// `api`'s services, which decode messages of at most
+    /// `message_bytes_max`.
+    pub(super) fn new(api: &EtcdApi<B>, message_bytes_max: usize) -> Arc<GrpcServices<B>> {
+        Arc::new(GrpcServices {
+            kv: KvServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
+            watch: WatchServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
+            lease: LeaseServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
+            cluster: ClusterServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
+            maintenance: MaintenanceServer::new(api.clone())
+                .max_decoding_message_size(message_bytes_max),
+            auth: AuthServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
+        })
+    }
+}
+
+/// Routes a call of one connection to the service its path names
+/// (`/etcdserverpb.KV/Range` goes to KV), with the connection's
+/// [`ClientConnectInfo`]; a path naming no method of the API is answered
+/// `Unimplemented`. Cheap to clone (hyper takes a clone per call).
+struct GrpcRouter<B: Backend> {
+    services: Arc<GrpcServices<B>>,
     info: ClientConnectInfo,
 }
 
@@ -85,39 +102,11 @@ impl<B: Backend> Clone for GrpcRouter<B> {
     }
 }
 
-impl<B: Backend> GrpcRouter<B> {
-    /// A router over `api`'s services, which decode messages of at most
-    /// `message_bytes_max`.
-    pub(super) fn new(api: &EtcdApi<B>, message_bytes_max: usize) -> GrpcRouter<B> {
-        let services = Services {
-            kv: KvServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
-            watch: WatchServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
-            lease: LeaseServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
-            cluster: ClusterServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
-            maintenance: MaintenanceServer::new(api.clone())
-                .max_decoding_message_size(message_bytes_max),
-            auth: AuthServer::new(api.clone()).max_decoding_message_size(message_bytes_max),
-        };
-        GrpcRouter {
-            services: Arc::new(services),
-            info: ClientConnectInfo::default(),
-        }
-    }
-
-    /// This router for the calls of a connection described by `info`.
-    fn for_connection(&self, info: ClientConnectInfo) -> GrpcRouter<B> {
-        GrpcRouter {
-            services: self.services.clone(),
-            info,
-        }
-    }
-}
-
-/// The service name of a gRPC path (`/etcdserverpb.KV/Range` →
-/// `etcdserverpb.KV`), if it has the shape of one.
-fn service_of(path: &str) -> Option<&str> {
-    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
-    (!method.is_empty() && !method.contains('/')).then_some(service)
+/// The service name of a path naming a method of the API
+/// (`/etcdserverpb.KV/Range` → `etcdserverpb.KV`); the metrics' table of
+/// methods is the one list of them.
+fn service_of(path: &str) -> Option<&'static str> {
+    crate::metrics::grpc::method(path).map(|method| method.service)
 }
 
 impl<B, RequestBody> Service<http::Request<RequestBody>> for GrpcRouter<B>
@@ -148,10 +137,8 @@ where
             }
             Some(AuthServer::<EtcdApi<B>>::NAME) => services.auth.clone().call(request),
             _ => {
-                let status = Status::unimplemented(format!(
-                    "no such gRPC service: {}",
-                    request.uri().path()
-                ));
+                let status =
+                    Status::unimplemented(format!("no such gRPC method: {}", request.uri().path()));
                 Box::pin(std::future::ready(Ok(status.into_http())))
             }
         }
@@ -162,7 +149,7 @@ where
 /// closes it, it fails, or `stopped` resolves (then gracefully: the calls
 /// in flight finish first). Calls are counted in `metrics`.
 pub(super) async fn serve_connection<B, IO>(
-    router: &GrpcRouter<B>,
+    services: &Arc<GrpcServices<B>>,
     metrics: Arc<GrpcMetrics>,
     io: IO,
     info: ClientConnectInfo,
@@ -172,7 +159,11 @@ pub(super) async fn serve_connection<B, IO>(
     B: Backend,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = GrpcMetricsLayer::new(metrics).layer(router.for_connection(info));
+    let router = GrpcRouter {
+        services: services.clone(),
+        info,
+    };
+    let service = GrpcMetricsLayer::new(metrics).layer(router);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
