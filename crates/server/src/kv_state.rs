@@ -17,8 +17,8 @@ use crate::auth::{Access, AuthError, AuthStore};
 use crate::command::{decode_command, CommandKind};
 use crate::error::{CodecError, KvError};
 use crate::mvcc::{
-    kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt, SnapshotVersionCheck,
-    Version,
+    event_of, kv_response_bytes, to_event, KeyRange, MvccStore, RangeScan, ReadAt,
+    SnapshotVersionCheck, Version,
 };
 use crate::pb::etcdserverpb::alarm_request::AlarmAction;
 use crate::pb::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -1025,8 +1025,8 @@ impl KvState {
             None
         };
         let value = match (&existing, put.ignore_value) {
-            (Some(kv), true) => kv.value.clone(),
-            _ => Bytes::from(put.value.clone()),
+            (Some(kv), true) => &kv.value[..],
+            _ => &put.value[..],
         };
         let lease = match (&existing, put.ignore_lease) {
             (Some(kv), true) => kv.lease,
@@ -1053,14 +1053,7 @@ impl KvState {
                 record.keys.insert(put.key.clone());
             }
         }
-        txn.events.push(to_event(
-            &Version {
-                kv: Arc::new(new),
-                sub_revision: txn.sub_revision - 1,
-                tombstone: false,
-            },
-            previous.clone(),
-        ));
+        txn.events.push(event_of(new, false, previous.clone()));
         Ok(PutResponse {
             header: None,
             prev_kv: if put.prev_kv && txn.reads == Reads::Build {

@@ -317,12 +317,29 @@ impl SnapshotVersionCheck {
 /// The value bytes of a stored version: sub-revision, create revision,
 /// version and lease, then the value.
 pub fn encode_version(sub_revision: u32, kv: &KeyValue) -> Bytes {
-    let mut out = Vec::with_capacity(ENCODED_VERSION_HEADER_BYTES + kv.value.len());
+    encode_header_and_value(
+        sub_revision,
+        kv.create_revision,
+        kv.version,
+        kv.lease,
+        &kv.value,
+    )
+}
+
+/// [`encode_version`] from the parts of a key-value the record holds.
+fn encode_header_and_value(
+    sub_revision: u32,
+    create_revision: i64,
+    version: i64,
+    lease: i64,
+    value: &[u8],
+) -> Bytes {
+    let mut out = Vec::with_capacity(ENCODED_VERSION_HEADER_BYTES.saturating_add(value.len()));
     out.extend_from_slice(&sub_revision.to_le_bytes());
-    out.extend_from_slice(&kv.create_revision.to_le_bytes());
-    out.extend_from_slice(&kv.version.to_le_bytes());
-    out.extend_from_slice(&kv.lease.to_le_bytes());
-    out.extend_from_slice(&kv.value);
+    out.extend_from_slice(&create_revision.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&lease.to_le_bytes());
+    out.extend_from_slice(value);
     Bytes::from(out)
 }
 
@@ -672,7 +689,12 @@ impl MvccStore {
             .latest(key, Self::version_max(at))
             .map_err(storage_error)?;
         match newest {
-            Some(record) if !record.tombstone => Ok(Some(decode_version(&record)?.kv)),
+            // The version store's `latest` hands out a record of its own
+            // (a copy when it came from a run's block), so the key-value
+            // may share its bytes.
+            Some(record) if !record.tombstone => {
+                Ok(Some(Arc::new(Found::of(record)?.into_shared_key_value())))
+            }
             _ => Ok(None),
         }
     }
@@ -723,7 +745,7 @@ impl MvccStore {
         revision: i64,
         sub_revision: u32,
         key: &[u8],
-        value: Bytes,
+        value: &[u8],
         lease: i64,
     ) -> Result<(Option<KeyValue>, KeyValue), KvError> {
         debug_assert!(revision > self.revision);
@@ -748,22 +770,16 @@ impl MvccStore {
             Some(prev) => (prev.create_revision, prev.version + 1),
             None => (revision, 1),
         };
-        let kv = KeyValue {
+        let record = Record {
             key: Bytes::copy_from_slice(key),
-            create_revision,
-            mod_revision: revision,
-            version,
-            value,
-            lease,
+            version: version_of(revision),
+            tombstone: false,
+            value: encode_header_and_value(sub_revision, create_revision, version, lease, value),
         };
-        self.versions
-            .put(Record {
-                key: kv.key.clone(),
-                version: version_of(revision),
-                tombstone: false,
-                value: encode_version(sub_revision, &kv),
-            })
-            .map_err(storage_error)?;
+        // The new key-value shares the record's bytes: the value is copied
+        // once, into the store.
+        let kv = Found::of(record.clone())?.into_shared_key_value();
+        self.versions.put(record).map_err(storage_error)?;
         Ok((previous, kv))
     }
 
@@ -987,7 +1003,7 @@ pub fn to_event(version: &Version, prev_kv: Option<KeyValue>) -> Event {
 }
 
 /// The event of a change to `kv` (a delete when `tombstone`).
-fn event_of(kv: KeyValue, tombstone: bool, prev_kv: Option<KeyValue>) -> Event {
+pub(crate) fn event_of(kv: KeyValue, tombstone: bool, prev_kv: Option<KeyValue>) -> Event {
     Event {
         r#type: if tombstone {
             EventType::Delete as i32

@@ -603,7 +603,7 @@ impl<D: Disk> Run<D> {
                 self.scan_block(i, |body, span| match body[span.key.clone()].cmp(key) {
                     std::cmp::Ordering::Less => true,
                     std::cmp::Ordering::Equal if span.version <= version_max => {
-                        found = Some(span.record(body));
+                        found = Some((span, body.clone()));
                         true
                     }
                     std::cmp::Ordering::Equal | std::cmp::Ordering::Greater => {
@@ -614,7 +614,9 @@ impl<D: Disk> Run<D> {
             }
             i += 1;
         }
-        Ok(found)
+        // The one record found leaves its block: a copy, so that whoever
+        // keeps it (a response, a watch event) does not keep the block.
+        Ok(found.map(|(span, body)| span.copied_record(&body)))
     }
 }
 
@@ -645,6 +647,16 @@ impl RecordSpan {
             tombstone: flags & FLAG_TOMBSTONE != 0,
             value,
         })
+    }
+
+    /// The record as its own bytes, not sharing the block.
+    fn copied_record(self, body: &[u8]) -> Record {
+        Record {
+            key: Bytes::copy_from_slice(&body[self.key]),
+            version: self.version,
+            tombstone: self.tombstone,
+            value: Bytes::copy_from_slice(&body[self.value]),
+        }
     }
 
     fn record(self, body: &Bytes) -> Record {
