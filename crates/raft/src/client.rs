@@ -181,6 +181,22 @@ impl RaftNode {
         }
         match self.leader {
             Some(leader) => {
+                if let (Request::Read(_), Some(carrier)) =
+                    (&request, self.requests.read_riders.open_carrier(leader))
+                {
+                    // A read of this step went to the leader already: this
+                    // one takes its answer (see `ReadRiders`).
+                    self.requests.read_riders.ride(
+                        carrier,
+                        HeldRequest {
+                            id,
+                            request,
+                            deadline_tick: deadline,
+                        },
+                    );
+                    return;
+                }
+                let is_read = matches!(request, Request::Read(_));
                 let forwarded = match &request {
                     Request::Propose(data) => ForwardedRequest::Propose(data.clone()),
                     Request::Read(_) => ForwardedRequest::ReadIndex,
@@ -203,8 +219,13 @@ impl RaftNode {
                         deadline_tick: deadline,
                     },
                 ) {
-                    // The runtime reused an id still pending: answer the old one.
+                    // The runtime reused an id still pending: answer the old
+                    // one, and the reads riding on it (the answer to this id
+                    // will be the new request's).
                     self.respond(old.id, Err(RequestError::Timeout), actions);
+                    for rider in self.requests.read_riders.take(id) {
+                        self.respond(rider.id, Err(RequestError::Timeout), actions);
+                    }
                 }
                 self.send(
                     leader,
@@ -214,6 +235,9 @@ impl RaftNode {
                     },
                     actions,
                 );
+                if is_read {
+                    self.requests.read_riders.open(leader, id);
+                }
             }
             None => {
                 self.requests.awaiting_leader.push_back(HeldRequest {
@@ -332,9 +356,27 @@ impl RaftNode {
         result: Outcome,
         actions: &mut Vec<Action>,
     ) {
+        // The reads that rode on this one take its answer, also when it
+        // timed out itself (riders have deadlines of their own).
+        for rider in self.requests.read_riders.take(id) {
+            self.answer_forwarded(from, rider, result.clone(), actions);
+        }
         let Some(held) = self.requests.forwarded.remove(&id) else {
             return; // already answered (timed out); the late answer has no one to go to
         };
+        self.answer_forwarded(from, held, result, actions);
+    }
+
+    /// The leader's answer to a forwarded request: a read waits for apply
+    /// (or tries again when the leader changed), anything else is passed on.
+    fn answer_forwarded(
+        &mut self,
+        from: NodeId,
+        held: HeldRequest,
+        result: Outcome,
+        actions: &mut Vec<Action>,
+    ) {
+        let id = held.id;
         let is_read = matches!(held.request, Request::Read(_));
         match result {
             Ok(Response::ReadReady { index }) => {
@@ -668,6 +710,9 @@ impl RaftNode {
                 true
             }
         });
+        for id in self.requests.read_riders.expire(now) {
+            expired.push((id, RequestError::Timeout));
+        }
         for (id, error) in expired {
             self.respond(id, Err(error), actions);
         }

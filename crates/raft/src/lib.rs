@@ -170,7 +170,11 @@
 //! off, or held in a queue bounded by `pending_requests_max` (`Busy` beyond)
 //! until a leader is known, then forwarded or executed; at the deadline it
 //! fails with `NoLeader`. A forwarded request the receiver refuses with
-//! `NotLeader` goes back to waiting for the right leader. A leader refuses
+//! `NotLeader` goes back to waiting for the right leader. The linearizable
+//! reads a follower routes to the leader in one step (one
+//! [`RaftNode::step_batch`]) share one forwarded ReadIndex: the first is
+//! forwarded and the others take its answer, which is safe because all of
+//! them arrived before the `Forward` left. A leader refuses
 //! proposals with `Busy` while its uncommitted tail holds
 //! `pending_requests_max` entries, and answers a `Forward` it receives twice
 //! (network duplication) with the first outcome instead of proposing again.

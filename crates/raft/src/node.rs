@@ -177,11 +177,95 @@ pub(crate) struct PendingRequests {
     pub executed_forwards: BTreeMap<(NodeId, RequestId), ExecutedForward>,
     /// The keys of `executed_forwards`, oldest first.
     pub executed_order: VecDeque<(NodeId, RequestId)>,
+    /// Linearizable reads of a follower that share the `Forward` of an
+    /// earlier read of the same step (see [`ReadRiders`]).
+    pub read_riders: ReadRiders,
 }
 
 impl PendingRequests {
     pub fn len(&self) -> usize {
-        self.awaiting_leader.len() + self.forwarded.len() + self.awaiting_apply.len()
+        self.awaiting_leader.len()
+            + self.forwarded.len()
+            + self.awaiting_apply.len()
+            + self.read_riders.len()
+    }
+}
+
+/// Linearizable reads that share one forwarded ReadIndex. The first read a
+/// follower routes to the leader in a step is forwarded (the carrier); the
+/// next ones of the same step ride on it and take its answer, instead of
+/// each costing a `Forward` and a `ForwardResponse`.
+///
+/// Only reads of the same step may ride: the leader fixes the read index
+/// when the carrier's `Forward` reaches it, so a read that shares it must
+/// have arrived before the `Forward` left, and a step's messages leave
+/// after the step. `flush` closes the carrier at the end of every step.
+#[derive(Debug, Default)]
+pub(crate) struct ReadRiders {
+    /// The carrier forwarded in this step, and the leader it went to.
+    open: Option<(NodeId, RequestId)>,
+    /// The riders of each carrier still waiting for its answer.
+    by_carrier: BTreeMap<RequestId, Vec<HeldRequest>>,
+    /// Riders in `by_carrier`, all carriers together.
+    count: usize,
+}
+
+impl ReadRiders {
+    /// Riders waiting.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// The carrier a read routed to `leader` in this step may ride on.
+    pub fn open_carrier(&self, leader: NodeId) -> Option<RequestId> {
+        self.open
+            .and_then(|(to, carrier)| (to == leader).then_some(carrier))
+    }
+
+    /// `carrier` was just forwarded to `leader`: later reads of this step
+    /// may ride on it.
+    pub fn open(&mut self, leader: NodeId, carrier: RequestId) {
+        self.open = Some((leader, carrier));
+    }
+
+    /// The step ends (its messages leave): no more riders for its carrier.
+    pub fn close(&mut self) {
+        self.open = None;
+    }
+
+    /// Adds `read` to the riders of `carrier`.
+    pub fn ride(&mut self, carrier: RequestId, read: HeldRequest) {
+        debug_assert!(matches!(read.request, Request::Read(_)), "only reads ride");
+        self.by_carrier.entry(carrier).or_default().push(read);
+        self.count += 1;
+    }
+
+    /// The riders of `carrier`, which got its answer (or lost its id).
+    pub fn take(&mut self, carrier: RequestId) -> Vec<HeldRequest> {
+        if self.open.is_some_and(|(_, open)| open == carrier) {
+            self.open = None;
+        }
+        let riders = self.by_carrier.remove(&carrier).unwrap_or_default();
+        self.count -= riders.len();
+        riders
+    }
+
+    /// Removes the riders whose deadline is at or before `now`; returns
+    /// their ids.
+    pub fn expire(&mut self, now: u64) -> Vec<RequestId> {
+        let mut expired = Vec::new();
+        self.by_carrier.retain(|_, riders| {
+            riders.retain(|read| {
+                let keep = read.deadline_tick > now;
+                if !keep {
+                    expired.push(read.id);
+                }
+                keep
+            });
+            !riders.is_empty()
+        });
+        self.count -= expired.len();
+        expired
     }
 }
 
@@ -766,6 +850,9 @@ impl RaftNode {
     /// Turns the step's decisions into actions: appends to followers, one
     /// persist request, applies, role changes.
     fn flush(&mut self, actions: &mut Vec<Action>) {
+        // The step's messages leave with these actions: a read of a later
+        // step may not share this step's forwarded ReadIndex.
+        self.requests.read_riders.close();
         if let RoleState::Leader(leader) = &mut self.role {
             let heartbeat = std::mem::take(&mut leader.wake_heartbeat_due);
             if std::mem::take(&mut leader.unsent_entries) {

@@ -366,3 +366,88 @@ fn followers_learn_a_commit_at_once_and_do_not_answer_the_notice() {
         .iter()
         .any(|m| matches!(m.body, MessageBody::HeartbeatResponse { read_seq: 0, .. })));
 }
+
+/// Linearizable reads arriving at a follower in one step share one
+/// forwarded ReadIndex; a read of a later step gets a forward of its own.
+#[test]
+fn follower_reads_of_one_step_share_one_forward() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    let r = c.propose(leader, "w");
+    assert!(c.run_until(20, |c| c.all_applied(1)));
+    let Some(Ok(Response::Proposed { index, .. })) = c.response(leader, r).cloned() else {
+        panic!()
+    };
+    c.deliver_all();
+    let reads: Vec<ferry_raft::RequestId> =
+        (0..3).map(|i| ferry_raft::RequestId(1_000 + i)).collect();
+    c.step_batch(
+        follower,
+        reads
+            .iter()
+            .map(|&id| Input::Client {
+                id,
+                request: Request::Read(ReadConsistency::Linearizable),
+            })
+            .collect(),
+    );
+    let forwards = |c: &Cluster| {
+        c.in_flight(|m| matches!(m.body, MessageBody::Forward { .. }) && m.from == follower)
+    };
+    assert_eq!(forwards(&c), 1, "three reads of one step, one forward");
+    // A read of the next step does not ride on a forward already sent.
+    let late = read(&mut c, follower, ReadConsistency::Linearizable);
+    assert_eq!(forwards(&c), 2);
+    assert!(c.run_until(20, |c| {
+        reads
+            .iter()
+            .chain([&late])
+            .all(|&q| c.response(follower, q).is_some())
+    }));
+    for q in reads.iter().chain([&late]) {
+        let Some(Ok(Response::ReadReady { index: at })) = c.response(follower, *q).cloned() else {
+            panic!("{q:?}: {:?}", c.response(follower, *q))
+        };
+        assert!(at >= index, "a read after a committed write must see it");
+    }
+}
+
+/// Reads riding on a forwarded ReadIndex keep their own deadlines: when
+/// the leader never answers, every one of them times out, and none is left
+/// pending.
+#[test]
+fn follower_reads_riding_on_a_lost_forward_time_out() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    c.deliver_all();
+    let reads: Vec<ferry_raft::RequestId> =
+        (0..3).map(|i| ferry_raft::RequestId(2_000 + i)).collect();
+    c.step_batch(
+        follower,
+        reads
+            .iter()
+            .map(|&id| Input::Client {
+                id,
+                request: Request::Read(ReadConsistency::Linearizable),
+            })
+            .collect(),
+    );
+    // The forward is lost, and so is everything after it.
+    c.partition(leader, follower);
+    c.drop_all();
+    let timeout = ferry_raft::testing::test_options(follower).request_timeout_ticks;
+    for _ in 0..=timeout {
+        c.step(follower, Input::Tick);
+        c.drop_all();
+    }
+    for q in &reads {
+        assert_eq!(
+            c.response(follower, *q),
+            Some(&Err(RequestError::Timeout)),
+            "{q:?}"
+        );
+    }
+    assert_eq!(c.raft(follower).pending_request_count(), 0);
+}
