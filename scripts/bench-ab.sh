@@ -9,7 +9,8 @@
 # build B's binary for both) and the server CPU per request: user + system
 # time of the three member processes from /proc/PID/stat over the whole
 # `ferry bench` run (a range workload's load phase and the warm-up
-# included), divided by the measured requests. Environment: ROUNDS [3],
+# included), divided by the measured requests; at the end, each build's
+# median CPU per request. Environment: ROUNDS [3],
 # REQUESTS [20000], WORKLOAD (`ferry bench --workload`) [put], BENCH_ARGS
 # (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [].
 set -euo pipefail
@@ -19,6 +20,8 @@ ROUNDS=${ROUNDS:-3}
 REQUESTS=${REQUESTS:-20000}
 WORKLOAD=${WORKLOAD:-put}
 TICKS_PER_S=$(getconf CLK_TCK)
+# Each round's CPU per request, for the medians at the end.
+SUMMARY=$(mktemp)
 
 # CPU ticks used so far by the children of process $1.
 cpu_ticks() {
@@ -70,10 +73,22 @@ for round in $(seq "$ROUNDS"); do
         kill -TERM "$dev"
         wait "$dev" 2>/dev/null || true
         rm -rf "$dir"
-        us_per_request=$(( (after - before) * 1000000 / TICKS_PER_S / REQUESTS ))
+        # In tenths of a microsecond, printed with one decimal: changes of
+        # a few percent are lost in whole microseconds.
+        tenths=$(( (after - before) * 10000000 / TICKS_PER_S / REQUESTS ))
+        us_per_request="$((tenths / 10)).$((tenths % 10))"
+        echo "$name $us_per_request" >>"$SUMMARY"
         rps=$(echo "$result" | grep -o 'requests_per_s=[0-9.]*')
         p50=$(echo "$result" | grep -o ' p50_us=[0-9]*' | tr -d ' ')
         p99=$(echo "$result" | grep -o ' p99_us=[0-9]*' | tr -d ' ')
         echo "round $round $name: $rps $p50 $p99 server_cpu_us_per_request=$us_per_request"
     done
 done
+
+# The median of each build's rounds (the mean of the middle two for an
+# even count).
+for name in A B; do
+    echo "median $name: server_cpu_us_per_request=$(awk -v n="$name" '$1 == n {print $2}' "$SUMMARY" |
+        sort -n | awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.1f", m}')"
+done
+rm -f "$SUMMARY"
