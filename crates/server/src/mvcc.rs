@@ -765,13 +765,23 @@ impl MvccStore {
                 .flatten()
                 .is_none_or(|record| record.version < version_of(revision)));
         }
-        let previous = self.get(key, ReadAt::Latest)?.map(Arc::unwrap_or_clone);
+        let newest = self
+            .versions
+            .latest(key, Self::version_max(ReadAt::Latest))
+            .map_err(storage_error)?;
+        // The store's copy of the key serves the new version too (a key
+        // written before is not allocated again).
+        let stored_key = newest.as_ref().map(|record| record.key.clone());
+        let previous = match newest {
+            Some(record) if !record.tombstone => Some(Found::of(record)?.into_shared_key_value()),
+            Some(_) | None => None,
+        };
         let (create_revision, version) = match &previous {
             Some(prev) => (prev.create_revision, prev.version + 1),
             None => (revision, 1),
         };
         let record = Record {
-            key: Bytes::copy_from_slice(key),
+            key: stored_key.unwrap_or_else(|| Bytes::copy_from_slice(key)),
             version: version_of(revision),
             tombstone: false,
             value: encode_header_and_value(sub_revision, create_revision, version, lease, value),
