@@ -367,6 +367,29 @@ fn followers_learn_a_commit_at_once_and_do_not_answer_the_notice() {
         .any(|m| matches!(m.body, MessageBody::HeartbeatResponse { read_seq: 0, .. })));
 }
 
+/// Three linearizable reads stepped at `at` in one batch, with ids from
+/// `first_id` on.
+fn linearizable_reads_in_one_step(
+    c: &mut Cluster,
+    at: u64,
+    first_id: u64,
+) -> Vec<ferry_raft::RequestId> {
+    let reads: Vec<ferry_raft::RequestId> = (first_id..first_id + 3)
+        .map(ferry_raft::RequestId)
+        .collect();
+    c.step_batch(
+        at,
+        reads
+            .iter()
+            .map(|&id| Input::Client {
+                id,
+                request: Request::Read(ReadConsistency::Linearizable),
+            })
+            .collect(),
+    );
+    reads
+}
+
 /// Linearizable reads arriving at a follower in one step share one
 /// forwarded ReadIndex; a read of a later step gets a forward of its own.
 #[test]
@@ -380,18 +403,7 @@ fn follower_reads_of_one_step_share_one_forward() {
         panic!()
     };
     c.deliver_all();
-    let reads: Vec<ferry_raft::RequestId> =
-        (0..3).map(|i| ferry_raft::RequestId(1_000 + i)).collect();
-    c.step_batch(
-        follower,
-        reads
-            .iter()
-            .map(|&id| Input::Client {
-                id,
-                request: Request::Read(ReadConsistency::Linearizable),
-            })
-            .collect(),
-    );
+    let reads = linearizable_reads_in_one_step(&mut c, follower, 1_000);
     let forwards = |c: &Cluster| {
         c.in_flight(|m| matches!(m.body, MessageBody::Forward { .. }) && m.from == follower)
     };
@@ -422,18 +434,7 @@ fn follower_reads_riding_on_a_lost_forward_time_out() {
     let leader = c.elect();
     let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
     c.deliver_all();
-    let reads: Vec<ferry_raft::RequestId> =
-        (0..3).map(|i| ferry_raft::RequestId(2_000 + i)).collect();
-    c.step_batch(
-        follower,
-        reads
-            .iter()
-            .map(|&id| Input::Client {
-                id,
-                request: Request::Read(ReadConsistency::Linearizable),
-            })
-            .collect(),
-    );
+    let reads = linearizable_reads_in_one_step(&mut c, follower, 2_000);
     // The forward is lost, and so is everything after it.
     c.partition(leader, follower);
     c.drop_all();

@@ -314,6 +314,16 @@ impl SnapshotVersionCheck {
     }
 }
 
+/// The key-value a record from [`VersionStore::latest`] holds (`None` for a
+/// tombstone). `latest` hands out a record of its own (a copy when it came
+/// from a run's block), so the key-value shares its bytes.
+fn live_key_value(record: Record) -> Result<Option<KeyValue>, KvError> {
+    if record.tombstone {
+        return Ok(None);
+    }
+    Ok(Some(Found::of(record)?.into_shared_key_value()))
+}
+
 /// The value bytes of a stored version: sub-revision, create revision,
 /// version and lease, then the value.
 pub fn encode_version(sub_revision: u32, kv: &KeyValue) -> Bytes {
@@ -689,13 +699,8 @@ impl MvccStore {
             .latest(key, Self::version_max(at))
             .map_err(storage_error)?;
         match newest {
-            // The version store's `latest` hands out a record of its own
-            // (a copy when it came from a run's block), so the key-value
-            // may share its bytes.
-            Some(record) if !record.tombstone => {
-                Ok(Some(Arc::new(Found::of(record)?.into_shared_key_value())))
-            }
-            _ => Ok(None),
+            Some(record) => Ok(live_key_value(record)?.map(Arc::new)),
+            None => Ok(None),
         }
     }
 
@@ -773,8 +778,8 @@ impl MvccStore {
         // written before is not allocated again).
         let stored_key = newest.as_ref().map(|record| record.key.clone());
         let previous = match newest {
-            Some(record) if !record.tombstone => Some(Found::of(record)?.into_shared_key_value()),
-            Some(_) | None => None,
+            Some(record) => live_key_value(record)?,
+            None => None,
         };
         let (create_revision, version) = match &previous {
             Some(prev) => (prev.create_revision, prev.version + 1),
