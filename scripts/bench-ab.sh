@@ -6,13 +6,15 @@
 # Usage: scripts/bench-ab.sh PATH/TO/ferry-A PATH/TO/ferry-B   (release builds)
 #
 # Prints per round the requests/s and latency of `ferry bench` (run with
-# build B's binary for both) and the server CPU per request: user + system
-# time of the three member processes from /proc/PID/stat over the whole
-# `ferry bench` run (a range workload's load phase and the warm-up
-# included), divided by the measured requests; at the end, each build's
-# median CPU per request. Environment: ROUNDS [3],
+# build B's binary for both, unless CLIENT=own) and the server CPU per
+# request: user + system time of the three member processes from
+# /proc/PID/stat over the whole `ferry bench` run (a range workload's load
+# phase and the warm-up included), divided by the measured requests; at
+# the end, each build's median CPU per request. Environment: ROUNDS [3],
 # REQUESTS [20000], WORKLOAD (`ferry bench --workload`) [put], BENCH_ARGS
-# (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [].
+# (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [],
+# CLIENT (`B`: build B's `ferry bench` loads both clusters; `own`: each
+# build's own, to compare a change of the client) [B].
 set -euo pipefail
 A=$(realpath "$1")
 B=$(realpath "$2")
@@ -68,7 +70,9 @@ for round in $(seq "$ROUNDS"); do
         sleep 3
         before=$(cpu_ticks "$dev")
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
-        result=$("$B" bench --requests "$REQUESTS" --workload "$WORKLOAD" ${BENCH_ARGS:-} | grep '^RESULT')
+        client=$B
+        [ "${CLIENT:-B}" = own ] && client=$bin
+        result=$("$client" bench --requests "$REQUESTS" --workload "$WORKLOAD" ${BENCH_ARGS:-} | grep '^RESULT')
         after=$(cpu_ticks "$dev")
         kill -TERM "$dev"
         wait "$dev" 2>/dev/null || true

@@ -29,10 +29,11 @@ use ferry_server::pb::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
 use hdrhistogram::Histogram;
 
 use crate::bench_watch::{WatchOutcome, Watchers, STAMP_BYTES, WATCHERS_MAX};
+use ferry_server::grpc_client::GrpcChannel;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 /// Connections one run may open: far above what one machine benchmarks
 /// usefully, low enough that a typo does not exhaust file descriptors.
@@ -671,7 +672,7 @@ enum PhaseKind {
 }
 
 /// Opens the connections, round-robin over the endpoints.
-async fn connect(plan: &BenchPlan) -> Result<Vec<Channel>, BenchError> {
+async fn connect(plan: &BenchPlan) -> Result<Vec<GrpcChannel>, BenchError> {
     let mut channels = Vec::with_capacity(plan.connections);
     for index in 0..plan.connections {
         let url = &plan.endpoints[index % plan.endpoints.len()];
@@ -687,7 +688,7 @@ async fn connect(plan: &BenchPlan) -> Result<Vec<Channel>, BenchError> {
             .connect()
             .await
             .map_err(|error| connect_error(error_chain(&error)))?;
-        channels.push(channel);
+        channels.push(GrpcChannel::new(channel));
     }
     Ok(channels)
 }
@@ -709,7 +710,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// leave the others idle at the end.
 async fn run_phase(
     plan: &BenchPlan,
-    clients: &[KvClient<Channel>],
+    clients: &[KvClient<GrpcChannel>],
     kind: PhaseKind,
     total: u64,
     seed: u64,
@@ -809,7 +810,7 @@ fn uniform(rng: &mut ChaCha8Rng, bound: u64) -> u64 {
 /// Sends one request and judges its answer; returns the store revision in
 /// the answer's header (0 without a header).
 async fn one_request(
-    client: &mut KvClient<Channel>,
+    client: &mut KvClient<GrpcChannel>,
     plan: &BenchPlan,
     kind: PhaseKind,
     key: Vec<u8>,
@@ -867,7 +868,7 @@ async fn one_request(
 /// count as errors that are not. Returns how long it took, or `None` when
 /// some member had not got there within `timeout`.
 pub async fn wait_until_applied(
-    channels: &[Channel],
+    channels: &[GrpcChannel],
     revision: i64,
     timeout: Duration,
 ) -> Option<Duration> {
@@ -911,7 +912,7 @@ pub async fn run_bench(
     progress: &ProgressBar,
 ) -> Result<BenchReport, BenchError> {
     let channels = connect(plan).await?;
-    let clients: Vec<KvClient<Channel>> = (0..plan.clients)
+    let clients: Vec<KvClient<GrpcChannel>> = (0..plan.clients)
         .map(|index| KvClient::new(channels[index % channels.len()].clone()))
         .collect();
     let quiet = ProgressBar::hidden();
@@ -1268,13 +1269,13 @@ mod tests {
             }
         }
 
-        async fn kv(&self) -> KvClient<Channel> {
+        async fn kv(&self) -> KvClient<GrpcChannel> {
             let channel = Endpoint::from_shared(format!("http://{}", self.endpoints[0]))
                 .unwrap()
                 .connect()
                 .await
                 .unwrap();
-            KvClient::new(channel)
+            KvClient::new(GrpcChannel::new(channel))
         }
 
         /// Stops every server and waits until they are gone.
@@ -1290,7 +1291,7 @@ mod tests {
 
     /// Every key of the key space, read back in one range: (store revision,
     /// key-value pairs).
-    async fn read_all(kv: &mut KvClient<Channel>) -> (i64, Vec<(Vec<u8>, Vec<u8>)>) {
+    async fn read_all(kv: &mut KvClient<GrpcChannel>) -> (i64, Vec<(Vec<u8>, Vec<u8>)>) {
         let response = kv
             .range(RangeRequest {
                 key: b"k".to_vec(),
@@ -1631,7 +1632,7 @@ mod tests {
             ..cluster.args(Workload::RangeLinearizable)
         };
         let plan = plan(&args).unwrap();
-        let clients: Vec<KvClient<Channel>> = connect(&plan)
+        let clients: Vec<KvClient<GrpcChannel>> = connect(&plan)
             .await
             .unwrap()
             .into_iter()
@@ -1795,7 +1796,7 @@ mod tests {
             ..cluster.args(Workload::Put)
         };
         let plan = plan(&args).unwrap();
-        let clients: Vec<KvClient<Channel>> = connect(&plan)
+        let clients: Vec<KvClient<GrpcChannel>> = connect(&plan)
             .await
             .unwrap()
             .into_iter()

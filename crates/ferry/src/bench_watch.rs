@@ -19,12 +19,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use ferry_server::grpc_client::GrpcChannel;
 use ferry_server::pb::etcdserverpb::watch_client::WatchClient;
 use ferry_server::pb::etcdserverpb::watch_request::RequestUnion;
 use ferry_server::pb::etcdserverpb::{WatchCreateRequest, WatchRequest};
 use hdrhistogram::Histogram;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 
 use crate::bench_cmd::{key_for, latency_histogram, BenchError, BenchPlan};
 
@@ -97,7 +97,7 @@ pub struct Watchers {
 
 impl Watchers {
     /// Opens the plan's watchers and waits until every one is created.
-    pub async fn start(plan: &BenchPlan, channels: &[Channel]) -> Result<Watchers, BenchError> {
+    pub async fn start(plan: &BenchPlan, channels: &[GrpcChannel]) -> Result<Watchers, BenchError> {
         let total = plan.watchers + plan.prefix_watchers;
         let measuring = Arc::new(AtomicBool::new(false));
         let measured_from = Arc::new(AtomicU64::new(u64::MAX));

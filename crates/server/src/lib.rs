@@ -31,6 +31,8 @@
 //!   (from the runtime).
 //! - [`peer`]: the TCP transport between nodes and the wire form of engine
 //!   messages (the runtime's [`ferry_runtime::transport`]).
+//! - [`grpc_client`]: a gRPC client channel whose requests end on their
+//!   last DATA frame, as Go's clients send them (`ferry bench` uses it).
 //! - [`grpc_codec`]: the protobuf codec of the gRPC services, with buffers
 //!   sized for etcd's messages.
 //! - [`metrics`]: the metrics port: Prometheus metrics (etcd's names where
@@ -52,6 +54,7 @@ pub mod batched_writes;
 pub mod command;
 pub mod connections;
 pub mod error;
+pub mod grpc_client;
 pub mod grpc_codec;
 pub mod kv_state;
 pub mod lease;
