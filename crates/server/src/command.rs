@@ -53,9 +53,12 @@ pub fn peer_record(id: u64, peer_addr: String, create: bool) -> Command {
 
 /// Encodes a command for the Raft log.
 pub fn encode_command(command: &Command) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(1 + command.encoded_len());
+    let mut bytes = Vec::with_capacity(encoded_command_len(command));
     bytes.push(COMMAND_FORMAT_VERSION);
-    bytes.extend_from_slice(&command.encode_to_vec());
+    // Encoded in place behind the version byte (`encode_to_vec` would
+    // encode into a buffer of its own, copied here after). `encode_raw` is
+    // what prost's own encoders call: infallible, since a `Vec` grows.
+    command.encode_raw(&mut bytes);
     bytes
 }
 
