@@ -14,7 +14,7 @@
 # REQUESTS [20000], WORKLOAD (`ferry bench --workload`) [put], BENCH_ARGS
 # (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [],
 # CLIENT (`B`: build B's `ferry bench` loads both clusters; `own`: each
-# build's own, to compare a change of the client) [B].
+# build's own, to compare a change of the client; a path: that ferry's) [B].
 set -euo pipefail
 A=$(realpath "$1")
 B=$(realpath "$2")
@@ -70,8 +70,11 @@ for round in $(seq "$ROUNDS"); do
         sleep 3
         before=$(cpu_ticks "$dev")
         # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
-        client=$B
-        [ "${CLIENT:-B}" = own ] && client=$bin
+        case "${CLIENT:-B}" in
+            B) client=$B ;;
+            own) client=$bin ;;
+            *) client=$(realpath "$CLIENT") ;;
+        esac
         result=$("$client" bench --requests "$REQUESTS" --workload "$WORKLOAD" ${BENCH_ARGS:-} | grep '^RESULT')
         after=$(cpu_ticks "$dev")
         kill -TERM "$dev"

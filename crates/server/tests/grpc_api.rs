@@ -854,3 +854,71 @@ async fn a_connection_is_told_how_many_calls_it_may_have_open() {
         ferry_server::api::grpc_server::STREAMS_PER_CONNECTION_MAX as usize
     );
 }
+
+/// A unary call is answered once its one message is in, before the client
+/// ends its side of the stream (clients built on tonic end it in a frame
+/// of their own after the message's; Go's end it on the message's frame).
+#[tokio::test]
+async fn a_unary_call_is_answered_before_the_client_ends_its_request() {
+    let backend = Arc::new(LocalBackend::new(
+        KvLimits::default(),
+        WatchLimits::default(),
+        "http://127.0.0.1:0".to_string(),
+    ));
+    let server = common::start(backend, ApiOptions::default()).await;
+    let tcp = tokio::net::TcpStream::connect(server.address)
+        .await
+        .unwrap();
+    let (calls, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut calls = calls.ready().await.unwrap();
+    let put = pb::PutRequest {
+        key: b"early".to_vec(),
+        value: b"answer".to_vec(),
+        ..Default::default()
+    };
+    let message = prost::Message::encode_to_vec(&put);
+    let mut framed = vec![0];
+    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&message);
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/etcdserverpb.KV/Put", server.address))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut body) = calls.send_request(request, false).unwrap();
+    // The message, and no end of stream: it never comes.
+    body.send_data(framed.into(), false).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("answered without the end of the request")
+        .unwrap();
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let mut answer = response.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        data.extend_from_slice(&chunk.unwrap());
+    }
+    let trailers = answer.trailers().await.unwrap().expect("trailers");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..]),
+        "{trailers:?}"
+    );
+    let reply: pb::PutResponse = prost::Message::decode(&data[5..]).unwrap();
+    assert!(reply.header.is_some_and(|header| header.revision == 2));
+    // The put took effect.
+    let mut kv = KvClient::new(common::connect(server.address).await);
+    let range = kv
+        .range(pb::RangeRequest {
+            key: b"early".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(range.kvs.len(), 1);
+    assert_eq!(&range.kvs[0].value[..], b"answer");
+}

@@ -82,6 +82,14 @@ const METHODS: &[Method] = &[
     m("etcdserverpb.Auth", "RoleRevokePermission", UNARY),
 ];
 
+impl Method {
+    /// Whether a call of it carries one request message (unary and
+    /// server-streaming methods).
+    pub fn takes_one_message(&self) -> bool {
+        self.kind == UNARY || self.kind == SERVER_STREAM
+    }
+}
+
 const fn m(service: &'static str, method: &'static str, kind: &'static str) -> Method {
     Method {
         service,
