@@ -108,10 +108,14 @@ impl<B: Backend> Clone for GrpcRouter<B> {
 /// tonic's server reads a unary call's request to its end before it calls
 /// the service (to merge trailers no gRPC client sends), and Rust clients
 /// built on tonic send the end of a request in an empty DATA frame after
-/// the message's: the call would wait for that frame, a wake-up of the
-/// connection's task of its own, about 40 µs on an idle 2-vCPU VM. Go's
-/// clients (etcdctl) end the stream on the message's frame, and so does
-/// `ferry bench`.
+/// the message's: the call waits for that frame and its task is polled
+/// once more for it; when the frame comes in a packet of its own, the
+/// call waits for another read of the connection (39 µs after the
+/// message, once, in a trace of a one-client put). With tonic's client
+/// at 256 clients on 16 connections, answering at the message cut the
+/// server's CPU per put from 51.2 to 47.7 µs (`scripts/bench-ab.sh`).
+/// Go's clients (etcdctl) end the stream on the message's frame, and so
+/// does `ferry bench`.
 ///
 /// The body follows gRPC's framing (a flag byte, a 4-byte big-endian
 /// length, the message): when a DATA frame ends exactly where the first
