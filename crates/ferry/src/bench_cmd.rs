@@ -24,12 +24,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_server::grpc_client::GrpcChannel;
 use ferry_server::pb::etcdserverpb::kv_client::KvClient;
 use ferry_server::pb::etcdserverpb::{PutRequest, RangeRequest, RangeResponse};
 use hdrhistogram::Histogram;
 
 use crate::bench_watch::{WatchOutcome, Watchers, STAMP_BYTES, WATCHERS_MAX};
-use ferry_server::grpc_client::GrpcChannel;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

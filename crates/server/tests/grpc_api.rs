@@ -809,12 +809,13 @@ async fn cluster_maintenance_and_unsupported_calls() {
     assert_eq!(result.unwrap_err().code(), Code::Unimplemented);
 }
 
-/// A client connection may have at most `STREAMS_PER_CONNECTION_MAX`
-/// calls open at once: the server says so in its HTTP/2 settings (gRPC
-/// clients then queue their calls past it), and a call on a connection
-/// still answers as before.
-#[tokio::test]
-async fn a_connection_is_told_how_many_calls_it_may_have_open() {
+/// A server over a local backend, and an HTTP/2 connection to it spoken
+/// directly (no gRPC client in between).
+async fn raw_http2_to_a_local_server() -> (
+    common::TestServer,
+    h2::client::SendRequest<bytes::Bytes>,
+    h2::client::Connection<tokio::net::TcpStream>,
+) {
     let backend = Arc::new(LocalBackend::new(
         KvLimits::default(),
         WatchLimits::default(),
@@ -824,7 +825,17 @@ async fn a_connection_is_told_how_many_calls_it_may_have_open() {
     let tcp = tokio::net::TcpStream::connect(server.address)
         .await
         .unwrap();
-    let (mut calls, connection) = h2::client::handshake(tcp).await.unwrap();
+    let (calls, connection) = h2::client::handshake(tcp).await.unwrap();
+    (server, calls, connection)
+}
+
+/// A client connection may have at most `STREAMS_PER_CONNECTION_MAX`
+/// calls open at once: the server says so in its HTTP/2 settings (gRPC
+/// clients then queue their calls past it), and a call on a connection
+/// still answers as before.
+#[tokio::test]
+async fn a_connection_is_told_how_many_calls_it_may_have_open() {
+    let (server, mut calls, connection) = raw_http2_to_a_local_server().await;
     let mut connection = std::pin::pin!(connection);
     // A call to a service nobody defines: its answer comes after the
     // server's settings, and says Unimplemented in its headers.
@@ -860,16 +871,7 @@ async fn a_connection_is_told_how_many_calls_it_may_have_open() {
 /// of their own after the message's; Go's end it on the message's frame).
 #[tokio::test]
 async fn a_unary_call_is_answered_before_the_client_ends_its_request() {
-    let backend = Arc::new(LocalBackend::new(
-        KvLimits::default(),
-        WatchLimits::default(),
-        "http://127.0.0.1:0".to_string(),
-    ));
-    let server = common::start(backend, ApiOptions::default()).await;
-    let tcp = tokio::net::TcpStream::connect(server.address)
-        .await
-        .unwrap();
-    let (calls, connection) = h2::client::handshake(tcp).await.unwrap();
+    let (server, calls, connection) = raw_http2_to_a_local_server().await;
     tokio::spawn(connection);
     let mut calls = calls.ready().await.unwrap();
     let put = pb::PutRequest {

@@ -133,7 +133,10 @@ pub(super) struct OneMessageBody<B> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framing {
     /// Reading the 5-byte prefix; `seen` bytes of it so far (in `prefix`).
-    Prefix { prefix: [u8; 5], seen: usize },
+    Prefix {
+        prefix: [u8; MESSAGE_PREFIX_BYTES],
+        seen: usize,
+    },
     /// Reading the message: `left` bytes to go.
     Message { left: u64 },
     /// The message ended with a frame: the body ends.
@@ -148,10 +151,7 @@ const MESSAGE_PREFIX_BYTES: usize = 5;
 impl<B> OneMessageBody<B> {
     fn new(inner: B, one_message: bool) -> OneMessageBody<B> {
         let framing = if one_message {
-            Framing::Prefix {
-                prefix: [0; MESSAGE_PREFIX_BYTES],
-                seen: 0,
-            }
+            Framing::START
         } else {
             Framing::PassThrough
         };
@@ -160,6 +160,12 @@ impl<B> OneMessageBody<B> {
 }
 
 impl Framing {
+    /// Before the first byte of a message.
+    const START: Framing = Framing::Prefix {
+        prefix: [0; MESSAGE_PREFIX_BYTES],
+        seen: 0,
+    };
+
     /// Follows the framing through one DATA frame.
     fn observe(&mut self, mut data: &[u8]) {
         loop {
@@ -359,10 +365,7 @@ mod tests {
     /// Where the framing is after the message's bytes arrive in frames of
     /// the given sizes.
     fn after_frames(bytes: &[u8], sizes: &[usize]) -> Framing {
-        let mut framing = Framing::Prefix {
-            prefix: [0; MESSAGE_PREFIX_BYTES],
-            seen: 0,
-        };
+        let mut framing = Framing::START;
         let mut at = 0;
         for &size in sizes {
             framing.observe(&bytes[at..at + size]);
