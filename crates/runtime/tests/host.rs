@@ -5,7 +5,6 @@
 //! snapshot.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +14,10 @@ use ferry_runtime::{
     ApplyError, BytesSnapshot, Command, GroupError, GroupHandle, HostConfig, Membership, NodeHost,
     ReadConsistency, RestoreError, SnapshotPolicy, SnapshotSource, StateMachine,
 };
+
+#[path = "support/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// A log of the commands applied, as text: every member must hold the same.
 #[derive(Default)]
@@ -70,14 +73,6 @@ fn read_snapshot(snapshot: &mut dyn std::io::Read) -> Result<Vec<u8>, RestoreErr
         .read_to_end(&mut bytes)
         .map_err(|e| RestoreError::new(e.to_string()))?;
     Ok(bytes)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Cluster {

@@ -1,31 +1,13 @@
 //! What the process tests (cluster.rs, tls.rs) share.
 
-use std::net::TcpListener;
-
 use ferry_server::pb::authpb::{permission::Type as PermType, Permission};
 use ferry_server::pb::etcdserverpb as pb;
 use ferry_server::pb::etcdserverpb::auth_client::AuthClient;
 use tonic::transport::Channel;
 
-/// A free port on loopback (bound, then released for the node to take),
-/// never one handed out before in this process: the system may give a
-/// released port out again at once, and two nodes of a cluster (of this
-/// test or of one running beside it) would then fight over it.
-pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap();
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
-            return port;
-        }
-    }
-}
+#[path = "../../../runtime/tests/support/ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// Turns auth on through `auth`: `root` (password `root-pw`, the root
 /// role) and `user` (password `USER-pw`) with a role `role` that grants
