@@ -554,6 +554,16 @@ if [[ " $LABELS " == *" put@1x1 "* && "$FSYNC_US" -gt 0 ]]; then
   f_p50="$(column_of ferry put@1x1 5 | median)"
   echo "1-client put, p50 over one 4 KiB write + fdatasync ($FSYNC_US us):" \
     "etcd $e_p50 us = $(ratio "$e_p50" "$FSYNC_US")x, ferry $f_p50 us = $(ratio "$f_p50" "$FSYNC_US")x"
+  if [[ -n "$FLOOR" ]]; then
+    # What no member can go below on this machine: the gRPC round trip
+    # alone plus one durable write, before any replication.
+    g_p50="$(column_of floor put@1x1 5 | median)"
+    if [[ "$g_p50" != - ]]; then
+      g_sync="$(awk -v a="$g_p50" -v b="$FSYNC_US" 'BEGIN { printf "%.0f", a + b }')"
+      echo "  floor: the gRPC stack alone answers it in $g_p50 us; with one write + fdatasync" \
+        "$g_sync us = $(ratio "$g_sync" "$FSYNC_US")x, before any replication"
+    fi
+  fi
 fi
 if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
   echo "(preloaded: $PRELOAD_KEYS keys of $PRELOAD_KEY_BYTES bytes with values of $PRELOAD_VALUE_BYTES bytes;" \

@@ -30,6 +30,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Keys and values as `Bytes`: a stored value is shared, not copied,
         // by every response and watch event that carries it.
         .bytes(".mvccpb.KeyValue")
+        // A put's key and value as `Bytes`: decoded from a log entry (a
+        // `Bytes` itself) they are slices of it, not copies, on every
+        // member that applies the entry.
+        .bytes(".etcdserverpb.PutRequest")
         // Encoded events, shared by every watcher's response (see
         // `proto/ferrypb/watch_wire.proto`).
         .bytes(".ferrypb.WatchResponseWire")

@@ -834,8 +834,8 @@ async fn one_request(
     };
     if write {
         let request = PutRequest {
-            key,
-            value: value.to_vec(),
+            key: key.into(),
+            value: bytes::Bytes::copy_from_slice(value),
             ..Default::default()
         };
         match tokio::time::timeout(plan.timeout, client.put(request)).await {
@@ -1435,8 +1435,8 @@ mod tests {
     fn a_read_is_checked_against_the_loaded_value() {
         use ferry_server::pb::mvccpb::KeyValue;
         let kv = |key: &[u8], value: &[u8]| KeyValue {
-            key: key.to_vec().into(),
-            value: value.to_vec().into(),
+            key: bytes::Bytes::copy_from_slice(key),
+            value: bytes::Bytes::copy_from_slice(value),
             ..Default::default()
         };
         let response = |kvs: Vec<KeyValue>| RangeResponse {
@@ -1650,8 +1650,8 @@ mod tests {
         let mut kv = cluster.kv().await;
         for index in 0..4 {
             kv.put(PutRequest {
-                key: key_for(index, 10),
-                value: b"changed".to_vec(),
+                key: key_for(index, 10).into(),
+                value: bytes::Bytes::from_static(b"changed"),
                 ..Default::default()
             })
             .await

@@ -320,8 +320,8 @@ where
 /// Puts through node `id`, retrying while the cluster elects a leader.
 async fn put(cluster: &Cluster, id: u64, key: &str, value: &str) {
     let request = PutRequest {
-        key: key.into(),
-        value: value.into(),
+        key: key.to_owned().into(),
+        value: value.to_owned().into(),
         ..Default::default()
     };
     retry(cluster, id, &format!("put {key}"), |channel| {
@@ -813,8 +813,8 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -
         loop {
             let put = kv
                 .put(PutRequest {
-                    key: format!("big/{i:04}").into_bytes(),
-                    value: big_value(i, BIG_VALUE_BYTES),
+                    key: format!("big/{i:04}").into_bytes().into(),
+                    value: big_value(i, BIG_VALUE_BYTES).into(),
                     ..Default::default()
                 })
                 .await;
@@ -876,8 +876,8 @@ async fn a_follower_receives_a_large_snapshot(name: &str, extra_args: &[&str]) -
         );
         let key = format!("small/{j}");
         let put = PutRequest {
-            key: key.clone().into_bytes(),
-            value: j.to_string().into_bytes(),
+            key: key.clone().into_bytes().into(),
+            value: j.to_string().into_bytes().into(),
             ..Default::default()
         };
         answered_by_follower(&cluster, &mut sent_at, &mut timed_out_at, &key, || {
@@ -1368,8 +1368,8 @@ async fn idle_connections_cannot_take_the_descriptors_the_log_needs() {
     let value = "v".repeat(8 * 1024);
     for i in 0..40 {
         let request = PutRequest {
-            key: format!("idle-{i}").into_bytes(),
-            value: value.clone().into_bytes(),
+            key: format!("idle-{i}").into_bytes().into(),
+            value: value.clone().into_bytes().into(),
             ..Default::default()
         };
         if let Err(status) = kv.put(request).await {
@@ -1567,8 +1567,8 @@ async fn timed_puts(
     for i in 0..count {
         let started = Instant::now();
         kv.put(PutRequest {
-            key: format!("{prefix}/{i}").into_bytes(),
-            value: b"small".to_vec(),
+            key: format!("{prefix}/{i}").into_bytes().into(),
+            value: b"small".to_vec().into(),
             ..Default::default()
         })
         .await
@@ -1596,8 +1596,8 @@ async fn full_keyspace_reads_do_not_hold_up_writes() {
     // 80 MiB of values.
     for i in 0..KEYS {
         kv.put(PutRequest {
-            key: format!("data/{i:04}").into_bytes(),
-            value: vec![b'd'; VALUE_BYTES],
+            key: format!("data/{i:04}").into_bytes().into(),
+            value: vec![b'd'; VALUE_BYTES].into(),
             ..Default::default()
         })
         .await
@@ -1776,8 +1776,8 @@ async fn a_nested_txn_bomb_is_refused_and_an_entry_past_its_bounds_never_takes_a
         success: vec![
             RequestOp {
                 request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: b"big".to_vec(),
-                    value: vec![b'b'; 600_000],
+                    key: b"big".to_vec().into(),
+                    value: vec![b'b'; 600_000].into(),
                     ..Default::default()
                 })),
             },
@@ -1918,8 +1918,8 @@ async fn a_watch_stream_that_stops_reading_neither_grows_the_node_nor_costs_othe
         let response = tokio::time::timeout(
             Duration::from_secs(10),
             kv.put(PutRequest {
-                key: format!("fan/{}", i % 8).into_bytes(),
-                value: vec![b'x'; VALUE_BYTES],
+                key: format!("fan/{}", i % 8).into_bytes().into(),
+                value: vec![b'x'; VALUE_BYTES].into(),
                 ..Default::default()
             }),
         )
@@ -2094,8 +2094,8 @@ async fn a_removed_member_refuses_client_requests() {
     }
     let write = KvClient::new(channel.clone())
         .put(PutRequest {
-            key: b"k".to_vec(),
-            value: b"through the removed member".to_vec(),
+            key: b"k".to_vec().into(),
+            value: b"through the removed member".to_vec().into(),
             ..Default::default()
         })
         .await
@@ -2224,8 +2224,8 @@ async fn a_forged_append_is_detected_and_the_member_refuses_clients_until_repair
     );
     let write = KvClient::new(channel)
         .put(PutRequest {
-            key: b"k".to_vec(),
-            value: b"through the halted member".to_vec(),
+            key: b"k".to_vec().into(),
+            value: b"through the halted member".to_vec().into(),
             ..Default::default()
         })
         .await;
@@ -2295,7 +2295,7 @@ async fn auth_survives_a_restart_and_is_enforced_on_a_follower() {
     let alice = login(&cluster, follower, "alice", "alice-pw").await;
     let mut kv = KvClient::new(connect(&cluster, follower).await);
     let put = |key: &str| PutRequest {
-        key: key.into(),
+        key: key.to_owned().into(),
         value: "v".into(),
         ..Default::default()
     };
@@ -2534,8 +2534,8 @@ async fn put_numbered(cluster: &Cluster, node: u64, prefix: &str, count: usize) 
     for i in 0..count {
         let response = kv
             .put(PutRequest {
-                key: format!("{prefix}{i:03}").into_bytes(),
-                value: format!("value {i}").into_bytes(),
+                key: format!("{prefix}{i:03}").into_bytes().into(),
+                value: format!("value {i}").into_bytes().into(),
                 ..Default::default()
             })
             .await
@@ -2587,8 +2587,8 @@ async fn a_backup_restored_into_a_new_cluster_serves_the_same_keys_at_the_same_r
     // A history: overwrites, deletes, a compaction and a lease.
     for i in 0..300u32 {
         kv.put(PutRequest {
-            key: format!("key/{:03}", i % 120).into_bytes(),
-            value: format!("value {i}").into_bytes(),
+            key: format!("key/{:03}", i % 120).into_bytes().into(),
+            value: format!("value {i}").into_bytes().into(),
             ..Default::default()
         })
         .await
@@ -2619,8 +2619,8 @@ async fn a_backup_restored_into_a_new_cluster_serves_the_same_keys_at_the_same_r
         .into_inner()
         .id;
     kv.put(PutRequest {
-        key: b"key/leased".to_vec(),
-        value: b"held".to_vec(),
+        key: b"key/leased".to_vec().into(),
+        value: b"held".to_vec().into(),
         lease,
         ..Default::default()
     })
@@ -2770,8 +2770,8 @@ async fn a_backup_restored_into_a_new_cluster_serves_the_same_keys_at_the_same_r
     // members.
     let next = KvClient::new(connect(&restored, 1).await)
         .put(PutRequest {
-            key: b"key/after".to_vec(),
-            value: b"new".to_vec(),
+            key: b"key/after".to_vec().into(),
+            value: b"new".to_vec().into(),
             ..Default::default()
         })
         .await
@@ -2982,8 +2982,8 @@ async fn fill_until_refused(
         let key = format!("{prefix}{i:05}");
         let put = KvClient::new(channel)
             .put(PutRequest {
-                key: key.clone().into_bytes(),
-                value: value.clone().into_bytes(),
+                key: key.clone().into_bytes().into(),
+                value: value.clone().into_bytes().into(),
                 ..Default::default()
             })
             .await;

@@ -480,7 +480,7 @@ async fn put_through_node_1(cluster: &Cluster) {
         let put = kv
             .put(PutRequest {
                 key: format!("key-{done}").into(),
-                value: vec![b'v'; 100],
+                value: vec![b'v'; 100].into(),
                 ..Default::default()
             })
             .await;

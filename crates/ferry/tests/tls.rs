@@ -360,8 +360,8 @@ fn signal(child: &Child, signal: libc::c_int) {
 
 fn put_request(key: &str, value: &str) -> PutRequest {
     PutRequest {
-        key: key.into(),
-        value: value.into(),
+        key: key.to_owned().into(),
+        value: value.to_owned().into(),
         ..Default::default()
     }
 }

@@ -281,8 +281,8 @@ pub fn log_steps() -> Vec<LogStep> {
 /// Commands of every kind a client can cause, encoded for the log.
 pub fn commands() -> Vec<Vec<u8>> {
     let put = |key: &str, lease| PutRequest {
-        key: key.into(),
-        value: b"value".to_vec(),
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        value: Bytes::from_static(b"value"),
         lease,
         prev_kv: true,
         ..PutRequest::default()

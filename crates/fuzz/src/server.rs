@@ -133,8 +133,8 @@ pub fn populated_state() -> KvState {
     let mut state = KvState::new(limits());
     let put = |key: &str, value: &str, lease: i64| {
         command(CommandKind::Put(PutRequest {
-            key: key.into(),
-            value: value.into(),
+            key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+            value: bytes::Bytes::copy_from_slice(value.as_bytes()),
             lease,
             ..PutRequest::default()
         }))
@@ -178,6 +178,8 @@ pub fn command_apply(data: &[u8]) -> Verdict {
 
 /// [`command_apply`] on a given state.
 pub fn command_apply_on(base: &KvState, data: &[u8]) -> Verdict {
+    // The log hands a machine its entries as `Bytes`.
+    let entry = bytes::Bytes::copy_from_slice(data);
     // The entry after the state's applied index (a state restored from a
     // snapshot may stand at any index).
     let Some(index) = base.applied_index().checked_add(1) else {
@@ -199,10 +201,10 @@ pub fn command_apply_on(base: &KvState, data: &[u8]) -> Verdict {
         "command_apply",
         data.len(),
         64 * data.len() + 8 * state_bytes + (8 << 20),
-        || built.apply_bytes_with(index, data, Reads::Build),
+        || built.apply_bytes_with(index, &entry, Reads::Build),
     );
     let mut sized = base.clone();
-    let sized_applied = sized.apply_bytes_with(index, data, Reads::SizeOnly);
+    let sized_applied = sized.apply_bytes_with(index, &entry, Reads::SizeOnly);
     assert_eq!(built, sized, "the state depends on whether reads are built");
     assert_eq!(applied.revision, sized_applied.revision);
     assert_eq!(
@@ -217,7 +219,7 @@ pub fn command_apply_on(base: &KvState, data: &[u8]) -> Verdict {
     );
     let mut again = base.clone();
     assert_eq!(
-        again.apply_bytes_with(index, data, Reads::Build),
+        again.apply_bytes_with(index, &entry, Reads::Build),
         applied,
         "applying one entry twice gave two answers"
     );
@@ -226,7 +228,7 @@ pub fn command_apply_on(base: &KvState, data: &[u8]) -> Verdict {
     let snapshot = built.snapshot().expect("an in-memory state encodes");
     let restored = KvState::restore(&snapshot, limits()).expect("a state's own snapshot restores");
     assert_eq!(restored, built, "a state and its own snapshot differ");
-    match decode_command(data) {
+    match decode_command(&entry) {
         Ok(_) => Verdict::accepted_if(applied.response.is_ok()),
         Err(_) => {
             assert!(

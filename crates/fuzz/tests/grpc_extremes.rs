@@ -123,8 +123,8 @@ async fn definite<T>(
 
 fn put(key: &[u8], value: Vec<u8>) -> pb::PutRequest {
     pb::PutRequest {
-        key: key.to_vec(),
-        value,
+        key: bytes::Bytes::copy_from_slice(key),
+        value: value.into(),
         ..pb::PutRequest::default()
     }
 }

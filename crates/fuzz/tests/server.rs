@@ -94,8 +94,8 @@ fn put() -> impl Strategy<Value = PutRequest> {
     )
         .prop_map(
             |(key, value, lease, (prev_kv, ignore_value, ignore_lease))| PutRequest {
-                key,
-                value,
+                key: key.into(),
+                value: value.into(),
                 lease,
                 prev_kv,
                 ignore_value,

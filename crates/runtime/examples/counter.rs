@@ -43,7 +43,7 @@ impl StateMachine for Counter {
     /// A command is a little-endian amount to add; anything else adds 0
     /// (applying must never fail or panic: every member applies it).
     fn apply(&mut self, command: Command<'_>) -> Result<u64, ApplyError> {
-        let amount = <[u8; 8]>::try_from(command.data).map_or(0, u64::from_le_bytes);
+        let amount = <[u8; 8]>::try_from(&command.data[..]).map_or(0, u64::from_le_bytes);
         self.0 = self.0.wrapping_add(amount);
         Ok(self.0)
     }

@@ -92,7 +92,7 @@
 //!     type QueryResponse = u64;
 //!     fn apply(&mut self, command: Command<'_>) -> Result<u64, ApplyError> {
 //!         // Commands are little-endian amounts; anything else adds 0.
-//!         let amount = <[u8; 8]>::try_from(command.data).map_or(0, u64::from_le_bytes);
+//!         let amount = <[u8; 8]>::try_from(&command.data[..]).map_or(0, u64::from_le_bytes);
 //!         self.0 = self.0.wrapping_add(amount);
 //!         Ok(self.0)
 //!     }

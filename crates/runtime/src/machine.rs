@@ -7,6 +7,7 @@
 
 use std::io;
 
+use bytes::Bytes;
 use ferry_raft::{Index, Term};
 
 /// One committed command, as the runtime hands it to
@@ -17,8 +18,11 @@ pub struct Command<'a> {
     pub index: Index,
     /// The term of the leader that proposed it.
     pub term: Term,
-    /// The bytes given to [`crate::GroupHandle::propose`].
-    pub data: &'a [u8],
+    /// The bytes given to [`crate::GroupHandle::propose`], as the log
+    /// holds them: a machine may keep slices of them (`Bytes::slice`)
+    /// without a copy, and prost decodes a message's `bytes` fields from
+    /// a `Bytes` buffer as slices of it.
+    pub data: &'a Bytes,
     /// Whether a caller on this node waits for the response. On every other
     /// member (and when the log is applied again after a restart) the
     /// response is thrown away, so a machine may skip building an expensive

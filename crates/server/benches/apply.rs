@@ -22,15 +22,15 @@ const VALUE_BYTES: usize = 256;
 
 fn apply_puts(c: &mut Criterion) {
     let limits = KvLimits::default();
-    let commands: Vec<Vec<u8>> = (0..KEY_COUNT)
+    let commands: Vec<bytes::Bytes> = (0..KEY_COUNT)
         .map(|i| {
             let mut put = command(CommandKind::Put(PutRequest {
-                key: format!("key-{i:06}").into_bytes(),
-                value: vec![b'v'; VALUE_BYTES],
+                key: format!("key-{i:06}").into_bytes().into(),
+                value: vec![b'v'; VALUE_BYTES].into(),
                 ..PutRequest::default()
             }));
             put.bounds = Some(limits.command_bounds());
-            encode_command(&put)
+            encode_command(&put).into()
         })
         .collect();
     let mut group = c.benchmark_group("apply");

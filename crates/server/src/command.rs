@@ -5,6 +5,7 @@
 //! encoding of [`Command`]. Decoding never panics: bad bytes give a
 //! [`CodecError`].
 
+use bytes::Bytes;
 use prost::Message;
 
 use crate::error::CodecError;
@@ -67,9 +68,11 @@ pub fn encoded_command_len(command: &Command) -> usize {
     1 + command.encoded_len()
 }
 
-/// Decodes a command from the Raft log.
-pub fn decode_command(bytes: &[u8]) -> Result<Command, CodecError> {
-    let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
+/// Decodes a command from the Raft log. Its `bytes` fields (a put's key and
+/// value) are slices of `bytes`, not copies.
+pub fn decode_command(bytes: &Bytes) -> Result<Command, CodecError> {
+    let version = *bytes.first().ok_or(CodecError::Empty)?;
+    let body = bytes.slice(1..);
     if version != COMMAND_FORMAT_VERSION {
         return Err(CodecError::UnknownVersion {
             found: version,
@@ -92,8 +95,8 @@ mod tests {
     #[test]
     fn round_trip() {
         let put = PutRequest {
-            key: b"a".to_vec(),
-            value: b"1".to_vec(),
+            key: b"a".to_vec().into(),
+            value: b"1".to_vec().into(),
             lease: 7,
             ..Default::default()
         };
@@ -114,23 +117,26 @@ mod tests {
             let original = command(kind);
             let bytes = encode_command(&original);
             assert_eq!(bytes.len(), encoded_command_len(&original));
-            assert_eq!(decode_command(&bytes).unwrap(), original);
+            assert_eq!(decode_command(&bytes.into()).unwrap(), original);
         }
     }
 
     #[test]
     fn typed_errors() {
-        assert_eq!(decode_command(&[]), Err(CodecError::Empty));
+        assert_eq!(decode_command(&Bytes::new()), Err(CodecError::Empty));
         assert_eq!(
-            decode_command(&[9, 1, 2]),
+            decode_command(&Bytes::from_static(&[9, 1, 2])),
             Err(CodecError::UnknownVersion {
                 found: 9,
                 supported: 1
             })
         );
-        assert_eq!(decode_command(&[1]), Err(CodecError::MissingKind));
+        assert_eq!(
+            decode_command(&Bytes::from_static(&[1])),
+            Err(CodecError::MissingKind)
+        );
         assert!(matches!(
-            decode_command(&[1, 0x0a, 0xff]),
+            decode_command(&Bytes::from_static(&[1, 0x0a, 0xff])),
             Err(CodecError::Malformed(_))
         ));
     }
@@ -138,7 +144,7 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = decode_command(&bytes);
+            let _ = decode_command(&bytes.into());
         }
 
         #[test]
@@ -147,7 +153,7 @@ mod tests {
             let mut bytes = encode_command(&original);
             let position = flip % bytes.len();
             bytes[position] ^= 1 << bit;
-            let _ = decode_command(&bytes);
+            let _ = decode_command(&bytes.into());
         }
     }
 }

@@ -304,7 +304,8 @@ struct WriteTxn {
 /// One key a write transaction wrote, with the lease its live version had
 /// before and has after (0 for none).
 struct Touched {
-    key: Vec<u8>,
+    /// The key (sharing the store's bytes: no copy per write).
+    key: Bytes,
     lease_before: i64,
     lease_after: i64,
 }
@@ -712,11 +713,11 @@ impl KvState {
 
     /// Decodes and applies one log entry.
     pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Applied {
-        self.apply_bytes_with(index, bytes, Reads::Build)
+        self.apply_bytes_with(index, &Bytes::copy_from_slice(bytes), Reads::Build)
     }
 
     /// Decodes and applies one log entry, building its read results or not.
-    pub fn apply_bytes_with(&mut self, index: u64, bytes: &[u8], reads: Reads) -> Applied {
+    pub fn apply_bytes_with(&mut self, index: u64, bytes: &Bytes, reads: Reads) -> Applied {
         match decode_command(bytes) {
             Ok(command) => self.apply_with(index, &command, reads),
             Err(error) => {
@@ -1037,20 +1038,20 @@ impl KvState {
                 .put(txn.revision, txn.sub_revision, &put.key, value, lease)?;
         txn.sub_revision += 1;
         txn.touched.push(Touched {
-            key: put.key.clone(),
+            key: new.key.clone(),
             lease_before: previous.as_ref().map_or(0, |prev| prev.lease),
             lease_after: lease,
         });
         if let Some(prev) = &previous {
             if prev.lease != 0 && prev.lease != lease {
                 if let Some(record) = self.leases.get_mut(&prev.lease) {
-                    record.keys.remove(&put.key);
+                    record.keys.remove(&put.key[..]);
                 }
             }
         }
         if lease != 0 {
             if let Some(record) = self.leases.get_mut(&lease) {
-                record.keys.insert(put.key.clone());
+                record.keys.insert(put.key.to_vec());
             }
         }
         txn.events.push(event_of(new, false, previous.clone()));
@@ -1070,7 +1071,7 @@ impl KvState {
         };
         txn.sub_revision += 1;
         txn.touched.push(Touched {
-            key: key.to_vec(),
+            key: previous.key.clone(),
             lease_before: previous.lease,
             lease_after: 0,
         });
@@ -1260,10 +1261,10 @@ impl KvState {
             self.store.discard(txn.revision, &touched.key);
             if touched.lease_after != touched.lease_before {
                 if let Some(record) = self.leases.get_mut(&touched.lease_after) {
-                    record.keys.remove(&touched.key);
+                    record.keys.remove(&touched.key[..]);
                 }
                 if let Some(record) = self.leases.get_mut(&touched.lease_before) {
-                    record.keys.insert(touched.key.clone());
+                    record.keys.insert(touched.key.to_vec());
                 }
             }
         }
@@ -2016,7 +2017,7 @@ fn validate_branch(
                 if seen.conflicts_with_put(&put.key) {
                     return Err(KvError::DuplicateKey);
                 }
-                seen.puts.insert(put.key.clone());
+                seen.puts.insert(put.key.to_vec());
             }
             Some(Request::RequestDeleteRange(delete)) => {
                 check_key(&delete.key)?;

@@ -6,6 +6,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+use bytes::Bytes;
 use ferry_runtime::metrics::disk_histogram;
 use ferry_runtime::prometheus_client::metrics::histogram::Histogram;
 use ferry_storage::versions::JobLane;
@@ -133,11 +134,11 @@ impl StateMachine {
 
     /// Decodes and applies a log entry (see [`KvState::apply_bytes`]).
     pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Applied {
-        self.apply_bytes_with(index, bytes, Reads::Build)
+        self.apply_bytes_with(index, &Bytes::copy_from_slice(bytes), Reads::Build)
     }
 
     /// Decodes and applies a log entry, building its read results or not.
-    pub fn apply_bytes_with(&mut self, index: u64, bytes: &[u8], reads: Reads) -> Applied {
+    pub fn apply_bytes_with(&mut self, index: u64, bytes: &Bytes, reads: Reads) -> Applied {
         match decode_command(bytes) {
             Ok(command) => self.apply_with(index, &command, reads),
             Err(error) => {

@@ -586,13 +586,18 @@ impl<'a> SharedRevision<'a> {
     fn new(events: &'a [Event]) -> SharedRevision<'a> {
         SharedRevision {
             events,
-            shared: vec![None; events.len()],
+            // Filled on first use: most revisions reach no watcher, and a
+            // node without any would pay an allocation per revision.
+            shared: Vec::new(),
         }
     }
 
     /// The shared event `index`.
     fn shared(&mut self, index: usize) -> Option<&SharedEvent> {
         let event = self.events.get(index)?;
+        if self.shared.is_empty() {
+            self.shared.resize(self.events.len(), None);
+        }
         let slot = self.shared.get_mut(index)?;
         Some(slot.get_or_insert_with(|| SharedEventData::new(event)))
     }

@@ -68,8 +68,8 @@ impl Server {
 
 fn put(key: &str, value: &str) -> pb::PutRequest {
     pb::PutRequest {
-        key: key.into(),
-        value: value.into(),
+        key: key.to_owned().into(),
+        value: value.to_owned().into(),
         ..Default::default()
     }
 }
@@ -875,8 +875,8 @@ async fn a_unary_call_is_answered_before_the_client_ends_its_request() {
     tokio::spawn(connection);
     let mut calls = calls.ready().await.unwrap();
     let put = pb::PutRequest {
-        key: b"early".to_vec(),
-        value: b"answer".to_vec(),
+        key: b"early".to_vec().into(),
+        value: b"answer".to_vec().into(),
         ..Default::default()
     };
     let message = prost::Message::encode_to_vec(&put);

@@ -151,8 +151,8 @@ fn as_user<T>(message: T, token: &str) -> Request<T> {
 
 fn put(key: &str, value: &str) -> pb::PutRequest {
     pb::PutRequest {
-        key: key.into(),
-        value: value.into(),
+        key: key.to_owned().into(),
+        value: value.to_owned().into(),
         ..Default::default()
     }
 }

@@ -88,8 +88,8 @@ async fn two_calls(address: SocketAddr, authority: &str) -> BTreeMap<u32, Reply>
             3,
             "/etcdserverpb.KV/Put",
             grpc_message(&pb::PutRequest {
-                key: b"greeting".to_vec(),
-                value: b"hello".to_vec(),
+                key: b"greeting".to_vec().into(),
+                value: b"hello".to_vec().into(),
                 ..Default::default()
             }),
         ),

@@ -29,8 +29,8 @@ async fn serve<B: Backend>(backend: Arc<B>, options: ApiOptions) -> (Channel, on
 
 fn put(key: String, value: &str) -> pb::PutRequest {
     pb::PutRequest {
-        key: key.into_bytes(),
-        value: value.into(),
+        key: key.into(),
+        value: value.to_owned().into(),
         ..Default::default()
     }
 }

@@ -67,8 +67,8 @@ const MIB: usize = 1 << 20;
 
 fn put(key: &str, value_bytes: usize) -> Command {
     command(CommandKind::Put(PutRequest {
-        key: key.as_bytes().to_vec(),
-        value: vec![b'v'; value_bytes],
+        key: key.as_bytes().to_vec().into(),
+        value: vec![b'v'; value_bytes].into(),
         ..PutRequest::default()
     }))
 }

@@ -254,8 +254,8 @@ async fn put(
         },
     );
     let answer = timed(kv.put(PutRequest {
-        key: key.as_bytes().to_vec(),
-        value: value.as_bytes().to_vec(),
+        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        value: bytes::Bytes::copy_from_slice(value.as_bytes()),
         lease: lease.unwrap_or(0),
         ..Default::default()
     }))
@@ -317,8 +317,8 @@ async fn cas(
         }],
         success: vec![RequestOp {
             request: Some(request_op::Request::RequestPut(PutRequest {
-                key: key.as_bytes().to_vec(),
-                value: to.as_bytes().to_vec(),
+                key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+                value: bytes::Bytes::copy_from_slice(to.as_bytes()),
                 ..Default::default()
             })),
         }],

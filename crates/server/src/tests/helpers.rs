@@ -14,8 +14,8 @@ use crate::pb::mvccpb::KeyValue;
 
 pub fn put(key: &str, value: &str) -> PutRequest {
     PutRequest {
-        key: key.as_bytes().to_vec(),
-        value: value.as_bytes().to_vec(),
+        key: key.as_bytes().to_vec().into(),
+        value: value.as_bytes().to_vec().into(),
         ..Default::default()
     }
 }

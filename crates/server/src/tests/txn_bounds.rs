@@ -96,7 +96,10 @@ fn a_committed_entry_beyond_its_bounds_gets_the_same_error_everywhere_and_on_rep
     // The entry as a build without the total count would have committed
     // it: no bounds written in it, so the defaults apply.
     let bomb = encode_command(&txn_cmd(nested_ranges(128, 128)));
-    assert!(decode_command(&bomb).unwrap().bounds.is_none());
+    assert!(decode_command(&bomb.clone().into())
+        .unwrap()
+        .bounds
+        .is_none());
     // And one admitted by a node with a large --max-txn-ops but the
     // default response limit, over a state whose ranges cannot fit it.
     let mut wide = txn_cmd(nested_ranges(16, 128));
@@ -118,7 +121,10 @@ fn a_committed_entry_beyond_its_bounds_gets_the_same_error_everywhere_and_on_rep
     for (mut kv, reads) in replicas() {
         let mut outcomes = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
-            outcomes.push(kv.apply_bytes_with(i as u64 + 1, entry, reads).response);
+            outcomes.push(
+                kv.apply_bytes_with(i as u64 + 1, &entry.clone().into(), reads)
+                    .response,
+            );
         }
         assert_eq!(
             outcomes[bomb_index - 1],
@@ -155,7 +161,9 @@ fn a_committed_entry_beyond_its_bounds_gets_the_same_error_everywhere_and_on_rep
     for reads in [Reads::SizeOnly, Reads::Build] {
         let mut replay = KvState::restore(&snapshot, KvLimits::default()).unwrap();
         for (i, entry) in entries.iter().enumerate().skip(50) {
-            let outcome = replay.apply_bytes_with(i as u64 + 1, entry, reads).response;
+            let outcome = replay
+                .apply_bytes_with(i as u64 + 1, &entry.clone().into(), reads)
+                .response;
             if i + 1 == bomb_index {
                 assert_eq!(outcome, Err(KvError::TooManyTxnOps));
             }

@@ -672,12 +672,13 @@ impl<D: Disk> VersionStore<D> {
         self.durable_view.marker
     }
 
-    fn layers(&self) -> Vec<Layer<'_, D>> {
-        let mut layers = Vec::with_capacity(1 + self.frozen.len() + self.layers.len());
-        layers.push(Layer::Mem(&self.memtable));
-        layers.extend(self.frozen.iter().map(|f| Layer::Mem(f.table.as_ref())));
-        layers.extend(self.layers.iter().map(|l| Layer::Runs(&l.handles)));
-        layers
+    /// Every layer, newest first: the memtable, the frozen ones, the
+    /// layers on disk. (An iterator: a put looks its key up here, and
+    /// collecting the layers would allocate each time.)
+    fn layers(&self) -> impl Iterator<Item = Layer<'_, D>> {
+        std::iter::once(Layer::Mem(&self.memtable))
+            .chain(self.frozen.iter().map(|f| Layer::Mem(f.table.as_ref())))
+            .chain(self.layers.iter().map(|l| Layer::Runs(&l.handles)))
     }
 
     /// The newest version of `key` at or below `version_max`.
@@ -701,7 +702,7 @@ impl<D: Disk> VersionStore<D> {
 
     /// Every version in `[start, end)` in (key, version) order.
     pub fn iter<'a>(&'a self, start: &[u8], end: Bound<&[u8]>) -> VersionIter<'a, D> {
-        VersionIter::new(self.layers(), start, end)
+        VersionIter::new(self.layers().collect(), start, end)
     }
 
     /// The versions of the keys in `[start, end)` that lie in
