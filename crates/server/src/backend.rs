@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::command::encode_command;
 use crate::error::ApiError;
-use crate::kv_state::{CommandResponse, KvLimits};
+use crate::kv_state::{CommandResponse, KvLimits, Reads};
 use crate::pb::etcdserverpb::Member;
 use crate::pb::ferrypb::Command;
 use crate::state::{SharedState, StateMachine};
@@ -230,11 +230,11 @@ impl Backend for LocalBackend {
 
     async fn propose(&self, command: Command) -> Result<CommandResponse, ApiError> {
         // Through the codec, as a replicated entry would go.
-        let bytes = encode_command(&command);
+        let bytes = bytes::Bytes::from(encode_command(&command));
         let now_ms = self.now_ms();
         let mut machine = self.state.lock();
         let index = machine.kv().applied_index() + 1;
-        let applied = machine.apply_bytes(index, &bytes);
+        let applied = machine.apply_bytes_with(index, &bytes, Reads::Build);
         machine.sync_lease_clock(now_ms);
         Ok(applied.response?)
     }

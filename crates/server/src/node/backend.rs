@@ -214,8 +214,11 @@ impl Backend for RaftBackend {
     }
 
     async fn propose(&self, command: Command) -> Result<CommandResponse, ApiError> {
-        let command = encode_command(&command);
-        self.call(self.group.propose(command))
+        let encoded = encode_command(&command);
+        // A put's key and value are slices of the buffer the request was
+        // decoded from: let it go now, not when the entry is applied.
+        drop(command);
+        self.call(self.group.propose(encoded))
             .await?
             .map_err(ApiError::from)
     }
