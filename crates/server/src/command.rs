@@ -121,6 +121,26 @@ mod tests {
         }
     }
 
+    /// Every member decodes a put from its log entry: the key and value
+    /// must be slices of the entry, not copies (prost does so for `Bytes`
+    /// fields read from a `Bytes` buffer).
+    #[test]
+    fn a_puts_key_and_value_are_slices_of_the_entry() {
+        let put = PutRequest {
+            key: Bytes::from_static(b"key"),
+            value: Bytes::from(vec![7u8; 300]),
+            ..Default::default()
+        };
+        let entry = Bytes::from(encode_command(&command(CommandKind::Put(put.clone()))));
+        let Some(CommandKind::Put(decoded)) = decode_command(&entry).unwrap().kind else {
+            panic!("not a put");
+        };
+        assert_eq!(decoded, put);
+        let entry_bytes = entry.as_ptr_range();
+        assert!(entry_bytes.contains(&decoded.key.as_ptr()));
+        assert!(entry_bytes.contains(&decoded.value.as_ptr()));
+    }
+
     #[test]
     fn typed_errors() {
         assert_eq!(decode_command(&Bytes::new()), Err(CodecError::Empty));
