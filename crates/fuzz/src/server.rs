@@ -184,7 +184,7 @@ pub fn command_apply_on(base: &KvState, data: &[u8]) -> Verdict {
     // snapshot may stand at any index).
     let Some(index) = base.applied_index().checked_add(1) else {
         let mut state = base.clone();
-        let applied = state.apply_bytes(u64::MAX, data);
+        let applied = state.apply_bytes_with(u64::MAX, &entry, Reads::Build);
         assert!(
             applied.response.is_err(),
             "an entry past the last index was applied"

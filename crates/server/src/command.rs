@@ -95,8 +95,8 @@ mod tests {
     #[test]
     fn round_trip() {
         let put = PutRequest {
-            key: b"a".to_vec().into(),
-            value: b"1".to_vec().into(),
+            key: Bytes::from_static(b"a"),
+            value: Bytes::from_static(b"1"),
             lease: 7,
             ..Default::default()
         };

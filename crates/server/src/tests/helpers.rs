@@ -14,8 +14,8 @@ use crate::pb::mvccpb::KeyValue;
 
 pub fn put(key: &str, value: &str) -> PutRequest {
     PutRequest {
-        key: key.as_bytes().to_vec().into(),
-        value: value.as_bytes().to_vec().into(),
+        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        value: bytes::Bytes::copy_from_slice(value.as_bytes()),
         ..Default::default()
     }
 }

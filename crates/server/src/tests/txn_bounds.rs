@@ -3,6 +3,7 @@
 //! gets the same error on every replica, also when replayed; and members no
 //! client waits on build no read results.
 
+use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::helpers::*;
@@ -95,11 +96,8 @@ fn fill_entries(keys: usize, value_bytes: usize) -> Vec<Vec<u8>> {
 fn a_committed_entry_beyond_its_bounds_gets_the_same_error_everywhere_and_on_replay() {
     // The entry as a build without the total count would have committed
     // it: no bounds written in it, so the defaults apply.
-    let bomb = encode_command(&txn_cmd(nested_ranges(128, 128)));
-    assert!(decode_command(&bomb.clone().into())
-        .unwrap()
-        .bounds
-        .is_none());
+    let bomb = Bytes::from(encode_command(&txn_cmd(nested_ranges(128, 128))));
+    assert!(decode_command(&bomb).unwrap().bounds.is_none());
     // And one admitted by a node with a large --max-txn-ops but the
     // default response limit, over a state whose ranges cannot fit it.
     let mut wide = txn_cmd(nested_ranges(16, 128));
@@ -111,20 +109,21 @@ fn a_committed_entry_beyond_its_bounds_gets_the_same_error_everywhere_and_on_rep
         .command_bounds(),
     );
     let wide = encode_command(&wide);
-    let mut entries = fill_entries(100, 1024);
+    // As the log hands them to a machine.
+    let mut entries: Vec<Bytes> = fill_entries(100, 1024)
+        .into_iter()
+        .map(Bytes::from)
+        .collect();
     entries.push(bomb);
-    entries.push(wide);
-    entries.push(encode_command(&put_cmd("after", "1")));
+    entries.push(wide.into());
+    entries.push(encode_command(&put_cmd("after", "1")).into());
     let bomb_index = 101;
 
     let mut states = Vec::new();
     for (mut kv, reads) in replicas() {
         let mut outcomes = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
-            outcomes.push(
-                kv.apply_bytes_with(i as u64 + 1, &entry.clone().into(), reads)
-                    .response,
-            );
+            outcomes.push(kv.apply_bytes_with(i as u64 + 1, entry, reads).response);
         }
         assert_eq!(
             outcomes[bomb_index - 1],
@@ -161,9 +160,7 @@ fn a_committed_entry_beyond_its_bounds_gets_the_same_error_everywhere_and_on_rep
     for reads in [Reads::SizeOnly, Reads::Build] {
         let mut replay = KvState::restore(&snapshot, KvLimits::default()).unwrap();
         for (i, entry) in entries.iter().enumerate().skip(50) {
-            let outcome = replay
-                .apply_bytes_with(i as u64 + 1, &entry.clone().into(), reads)
-                .response;
+            let outcome = replay.apply_bytes_with(i as u64 + 1, entry, reads).response;
             if i + 1 == bomb_index {
                 assert_eq!(outcome, Err(KvError::TooManyTxnOps));
             }
