@@ -64,6 +64,9 @@ fn wal_options() -> WalOptions {
         cache_entries_max_per_group: 64,
         cache_size_bytes_max_per_group: 64 * 1024,
         record_size_bytes_target: 4 * 1024,
+        // Reserved in small chunks, so that segments are cut back at every
+        // rotation and crashes land in reserved space.
+        reserve_bytes: 3 * 1024,
     }
 }
 

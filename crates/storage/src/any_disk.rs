@@ -48,6 +48,18 @@ impl DiskFile for AnyFile {
             AnyFile::Sim(f) => f.sync_data(),
         }
     }
+    fn reserve(&self, len_bytes: u64) -> io::Result<()> {
+        match self {
+            AnyFile::Fs(f) => f.reserve(len_bytes),
+            AnyFile::Sim(f) => f.reserve(len_bytes),
+        }
+    }
+    fn release_reserved(&self) -> io::Result<()> {
+        match self {
+            AnyFile::Fs(f) => f.release_reserved(),
+            AnyFile::Sim(f) => f.release_reserved(),
+        }
+    }
 }
 
 impl DiskReader for AnyReader {

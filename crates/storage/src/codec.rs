@@ -915,4 +915,18 @@ mod tests {
         let err = WalRecord::decode(Bytes::from(enc.into_inner())).unwrap_err();
         assert!(matches!(err, DecodeError::Truncated { .. }), "{err:?}");
     }
+
+    /// The log finds its end in reserved space by content (see "Reserved
+    /// space" in [`crate::wal`]): zeros must never frame a record, at any
+    /// length the buffer allows.
+    #[test]
+    fn zeros_never_frame_a_record() {
+        let zeros = [0u8; 64];
+        for at in 0..zeros.len() {
+            assert!(
+                !matches!(read_frame(&zeros, at), FrameRead::Valid { .. }),
+                "zeros framed a record at {at}"
+            );
+        }
+    }
 }

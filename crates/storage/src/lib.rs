@@ -61,7 +61,9 @@
 //!
 //! Recovery cuts a torn tail (a record cut short, or failing its checksum,
 //! at the end of the last segment with no valid record after it) and reports
-//! the bytes cut, unless the log knows those bytes had been synced: then it
+//! the bytes cut (zeros after the last segment's records are space the log
+//! reserved ahead of itself, not a torn write: see "Reserved space" in
+//! [`wal`]), unless the log knows those bytes had been synced: then it
 //! is [`StorageError::LostSyncedData`] (see "Knowing what was synced"
 //! below).
 //! Any other damage, in the log or in a snapshot, is

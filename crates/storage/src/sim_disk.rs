@@ -11,6 +11,12 @@
 //!   and every later operation fails until the crash is applied.
 //! - Corrupted sectors: [`SimDisk::corrupt_sector`] and
 //!   [`SimDisk::corrupt_random_sector`] damage stored bytes in place.
+//! - Reserved space ([`DiskFile::reserve`]) reads as zeros after a file's
+//!   appended bytes; the reservation and its release are unsynced changes
+//!   of the file's length like any other, so a crash may keep or undo them.
+//!   Writes reach the disk in the order they were made (a torn write keeps
+//!   a prefix): a real disk may write an unsynced batch's pages out of
+//!   order, which recovery treats as corruption (see [`crate::wal`]).
 //! - Failed syncs: [`SimDisk::fail_next_syncs`] makes syncs return an I/O
 //!   error without syncing (the log then refuses further work).
 //! - Failed creates: [`SimDisk::fail_next_creates`] makes creating files
@@ -60,10 +66,38 @@ pub struct SimDiskOptions {
 
 #[derive(Debug, Default)]
 struct Inode {
+    /// The appended bytes.
     data: Vec<u8>,
     /// Bytes at the front of `data` that are durable. Only appends are ever
     /// unsynced (truncation is synced), so the durable content is a prefix.
     synced_len: usize,
+    /// The file's length with its reserved zeros (which follow `data`; no
+    /// longer than `data` if nothing is reserved).
+    reserved_len: usize,
+    /// `reserved_len` as of the last sync.
+    synced_reserved_len: usize,
+}
+
+impl Inode {
+    /// The file's length as a reader sees it.
+    fn len(&self) -> usize {
+        self.data.len().max(self.reserved_len)
+    }
+
+    /// `len` bytes from `start` (zeros past the appended bytes), or `None`
+    /// past the end of the file.
+    fn read(&self, start: usize, len: usize) -> Option<Vec<u8>> {
+        let end = start.checked_add(len)?;
+        if end > self.len() {
+            return None;
+        }
+        let mut out = vec![0u8; len];
+        if start < self.data.len() {
+            let n = (self.data.len() - start).min(len);
+            out[..n].copy_from_slice(&self.data[start..start + n]);
+        }
+        Some(out)
+    }
 }
 
 #[derive(Debug)]
@@ -294,17 +328,29 @@ impl SimDisk {
                 let inode = &s.inodes[&id];
                 (inode.synced_len, inode.data.len())
             };
-            let new_len = match mode {
-                CrashMode::LoseUnsynced => keep.0,
-                CrashMode::KeepWritten => keep.1,
+            let reserved = {
+                let inode = &s.inodes[&id];
+                (inode.synced_reserved_len, inode.reserved_len)
+            };
+            let (new_len, new_reserved) = match mode {
+                CrashMode::LoseUnsynced => (keep.0, reserved.0),
+                CrashMode::KeepWritten => (keep.1, reserved.1),
                 CrashMode::TornUnsynced => {
                     let extra = (keep.1 - keep.0) as u64;
-                    keep.0 + s.draw(extra + 1) as usize
+                    let new_len = keep.0 + s.draw(extra + 1) as usize;
+                    let new_reserved = if s.draw(2) == 0 {
+                        reserved.0
+                    } else {
+                        reserved.1
+                    };
+                    (new_len, new_reserved)
                 }
             };
             if let Some(inode) = s.inodes.get_mut(&id) {
                 inode.data.truncate(new_len);
                 inode.synced_len = new_len;
+                inode.reserved_len = new_reserved;
+                inode.synced_reserved_len = new_reserved;
             }
         }
         let live: BTreeSet<u64> = s.names.values().copied().collect();
@@ -351,6 +397,28 @@ impl SimDisk {
             }
             None => false,
         }
+    }
+
+    /// Sets `len` bytes of `path` from `offset` to zero, as a write that
+    /// never reached the disk leaves reserved space. Returns false if the
+    /// file does not exist or is shorter.
+    pub fn zero_bytes(&self, path: &Path, offset: u64, len: usize) -> bool {
+        let mut s = self.lock();
+        let Some(id) = s.names.get(path).copied() else {
+            return false;
+        };
+        let Some(inode) = s.inodes.get_mut(&id) else {
+            return false;
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let Some(end) = start.checked_add(len).filter(|end| *end <= inode.len()) else {
+            return false;
+        };
+        let data_end = end.min(inode.data.len());
+        if start < data_end {
+            inode.data[start..data_end].fill(0);
+        }
+        true
     }
 
     /// Damages one random sector of one random non-empty file whose path
@@ -422,6 +490,32 @@ impl DiskFile for SimFile {
         s.draw_sync_latency();
         if let Some(inode) = s.inodes.get_mut(&self.inode) {
             inode.synced_len = inode.data.len();
+            inode.synced_reserved_len = inode.reserved_len;
+        }
+        Ok(())
+    }
+
+    fn reserve(&self, len_bytes: u64) -> io::Result<()> {
+        let mut s = self.disk.lock();
+        s.charge_op()?;
+        if s.generation != self.generation {
+            return Err(io::Error::other("file handle from before a crash"));
+        }
+        let len = usize::try_from(len_bytes).unwrap_or(usize::MAX);
+        if let Some(inode) = s.inodes.get_mut(&self.inode) {
+            inode.reserved_len = inode.reserved_len.max(len);
+        }
+        Ok(())
+    }
+
+    fn release_reserved(&self) -> io::Result<()> {
+        let mut s = self.disk.lock();
+        s.charge_op()?;
+        if s.generation != self.generation {
+            return Err(io::Error::other("file handle from before a crash"));
+        }
+        if let Some(inode) = s.inodes.get_mut(&self.inode) {
+            inode.reserved_len = 0;
         }
         Ok(())
     }
@@ -447,9 +541,9 @@ impl DiskReader for SimReader {
             ));
         };
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        match inode.data.get(start..).and_then(|d| d.get(..buf.len())) {
+        match inode.read(start, buf.len()) {
             Some(src) => {
-                buf.copy_from_slice(src);
+                buf.copy_from_slice(&src);
                 Ok(())
             }
             None => Err(io::Error::new(
@@ -462,7 +556,7 @@ impl DiskReader for SimReader {
     fn file_len(&self) -> io::Result<u64> {
         let s = self.disk.lock();
         s.check_on()?;
-        Ok(s.inodes.get(&self.inode).map_or(0, |i| i.data.len() as u64))
+        Ok(s.inodes.get(&self.inode).map_or(0, |i| i.len() as u64))
     }
 }
 
@@ -532,7 +626,7 @@ impl Disk for SimDisk {
         let id = s.inode_of(path)?;
         Ok(s.inodes
             .get(&id)
-            .map(|i| i.data.clone())
+            .and_then(|i| i.read(0, i.len()))
             .unwrap_or_default())
     }
 
@@ -541,15 +635,10 @@ impl Disk for SimDisk {
         s.check_on()?;
         s.reads += 1;
         let id = s.inode_of(path)?;
-        let data = s
-            .inodes
-            .get(&id)
-            .map(|i| i.data.as_slice())
-            .unwrap_or_default();
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        match data.get(start..).and_then(|d| d.get(..buf.len())) {
+        match s.inodes.get(&id).and_then(|i| i.read(start, buf.len())) {
             Some(src) => {
-                buf.copy_from_slice(src);
+                buf.copy_from_slice(&src);
                 Ok(())
             }
             None => Err(io::Error::new(
@@ -563,7 +652,7 @@ impl Disk for SimDisk {
         let s = self.lock();
         s.check_on()?;
         let id = s.inode_of(path)?;
-        Ok(s.inodes.get(&id).map(|i| i.data.len() as u64).unwrap_or(0))
+        Ok(s.inodes.get(&id).map(|i| i.len() as u64).unwrap_or(0))
     }
 
     fn truncate_synced(&self, path: &Path, len: u64) -> io::Result<()> {
@@ -572,9 +661,11 @@ impl Disk for SimDisk {
         let id = s.inode_of(path)?;
         s.draw_sync_latency();
         if let Some(inode) = s.inodes.get_mut(&id) {
-            let len = (len as usize).min(inode.data.len());
+            let len = usize::try_from(len).unwrap_or(usize::MAX).min(inode.len());
             inode.data.truncate(len);
-            inode.synced_len = len;
+            inode.synced_len = inode.data.len();
+            inode.reserved_len = len;
+            inode.synced_reserved_len = len;
         }
         Ok(())
     }

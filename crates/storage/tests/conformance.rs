@@ -503,8 +503,34 @@ fn the_next_batch_fills_while_a_sync_is_in_flight<B: Backend>(b: B) {
     assert_eq!(report.groups[&3].entries.len(), 1);
 }
 
+/// How a test tears the last record of a log.
+#[derive(Clone, Copy)]
+enum Tear {
+    /// A log that appends without reserving: the file ends inside the
+    /// record.
+    Appended,
+    /// A log with reserved space: the record's last bytes read as zeros
+    /// (its write did not all reach the disk) and the zeros go on after it.
+    InReservedSpace,
+}
+
 fn a_torn_tail_is_cut_and_reported<B: Backend>(b: B) {
-    let (mut s, _) = open(&b, WalOptions::default());
+    a_torn_tail_is_cut(b, Tear::Appended);
+}
+
+fn a_torn_record_in_reserved_space_is_cut_and_reported<B: Backend>(b: B) {
+    a_torn_tail_is_cut(b, Tear::InReservedSpace);
+}
+
+fn a_torn_tail_is_cut<B: Backend>(b: B, tear: Tear) {
+    let options = match tear {
+        Tear::Appended => WalOptions {
+            reserve_bytes: 0,
+            ..WalOptions::default()
+        },
+        Tear::InReservedSpace => WalOptions::default(),
+    };
+    let (mut s, _) = open(&b, options.clone());
     s.wal
         .append(1, &req(1, hs(1, None, 0), vec![entry(1, 1, 1)]))
         .unwrap();
@@ -520,10 +546,24 @@ fn a_torn_tail_is_cut_and_reported<B: Backend>(b: B) {
     // Cut the unsynced record short, as a crash in the middle of its write
     // would. (Cutting a synced one is lost synced data: see lost_data.rs.)
     let seg = last_segment(&b);
-    let len = b.file_len(&seg);
-    b.disk().truncate_synced(&seg, len - 5).unwrap();
-    let (mut s, report) = open(&b, WalOptions::default());
+    let file_len = b.file_len(&seg);
+    match tear {
+        Tear::Appended => b.disk().truncate_synced(&seg, file_len - 5).unwrap(),
+        Tear::InReservedSpace => {
+            let len = b.content_len(&seg);
+            assert!(file_len > len + 1000, "the segment has reserved space");
+            b.zero_bytes(&seg, len - 5, 5);
+        }
+    }
+    let (mut s, report) = open(&b, options.clone());
     assert!(report.wal.truncated_bytes > 0);
+    if let Tear::InReservedSpace = tear {
+        assert!(
+            report.wal.truncated_bytes < 200,
+            "only the torn record counts as cut, not the zeros after it: {}",
+            report.wal.truncated_bytes
+        );
+    }
     assert_eq!(report.wal.truncated_file.as_deref(), Some(seg.as_path()));
     assert_eq!(report.groups[&1].entries, vec![entry(1, 1, 1)]);
     // The log keeps working after the cut, and a second restart is clean.
@@ -533,12 +573,74 @@ fn a_torn_tail_is_cut_and_reported<B: Backend>(b: B) {
     s.wal.sync().unwrap();
     drop(s);
     b.restart();
-    let (_, report) = open(&b, WalOptions::default());
+    let (_, report) = open(&b, options);
     assert_eq!(report.wal.truncated_bytes, 0);
     assert_eq!(
         report.groups[&1].entries,
         vec![entry(1, 1, 1), entry(2, 2, 1)]
     );
+}
+
+/// The current segment is written into zeros reserved ahead of it; a
+/// restart finds its records followed by zeros and reads that as space not
+/// yet used, not as a torn write. Sealed segments end with their last
+/// record.
+fn reserved_space_is_not_a_torn_write<B: Backend>(b: B) {
+    let options = WalOptions {
+        segment_size_bytes_max: 64 * 1024,
+        reserve_bytes: 16 * 1024,
+        ..WalOptions::default()
+    };
+    let (mut s, _) = open(&b, options.clone());
+    let mut model = Model::new();
+    for i in 1..=60u64 {
+        let payload = ferry_raft::EntryPayload::Command(vec![i as u8 | 1; 4000].into());
+        let r = req(
+            i,
+            hs(1, Some(1), i - 1),
+            vec![ferry_raft::Entry {
+                term: 1,
+                index: i,
+                payload,
+            }],
+        );
+        s.wal.append(1, &r).unwrap();
+        model.entry(1).or_default().persist(&r);
+        s.wal.sync().unwrap();
+    }
+    assert!(s.wal.segment_count() >= 3, "the log rotated");
+    let dir = b.dir().join("wal");
+    let segments: Vec<_> = b
+        .disk()
+        .list_files(&dir)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".seg"))
+        .map(|n| dir.join(n))
+        .collect();
+    let (last, sealed) = segments.split_last().unwrap();
+    for seg in sealed {
+        assert_eq!(
+            b.file_len(seg),
+            b.content_len(seg),
+            "{} was cut back to its last record when it was sealed",
+            seg.display()
+        );
+    }
+    assert!(
+        b.file_len(last) > b.content_len(last),
+        "the current segment has reserved space"
+    );
+    assert!(
+        b.file_len(last) <= 64 * 1024,
+        "reserved up to the segment size"
+    );
+    drop(s);
+    b.restart();
+    let (s, report) = open(&b, options);
+    assert_eq!(report.wal.truncated_bytes, 0);
+    assert_eq!(report.wal.truncated_file, None);
+    matches_model(&s, &report.groups, &model).unwrap();
 }
 
 fn corruption_in_the_middle_is_an_error<B: Backend>(b: B) {
@@ -552,7 +654,7 @@ fn corruption_in_the_middle_is_an_error<B: Backend>(b: B) {
     drop(s);
     b.restart();
     let seg = last_segment(&b);
-    let len = b.file_len(&seg);
+    let len = b.content_len(&seg);
     b.corrupt_byte(&seg, len / 2);
     match Storage::open(b.disk(), &b.dir(), WalOptions::default()) {
         Err(StorageError::Corrupt { path, offset, .. }) => {
@@ -681,6 +783,33 @@ fn disk_operations_behave_alike<B: Backend>(b: B) {
     disk.remove_file(&c).unwrap();
     assert!(disk.list_files(&dir).unwrap().is_empty());
     assert!(disk.remove_file(&c).is_err());
+    // Reserved space reads as zeros after the appended bytes; appends
+    // overwrite it; releasing it cuts the file back to what was appended.
+    let r = dir.join("r");
+    let f = disk.create(&r).unwrap();
+    f.append(b"abc").unwrap();
+    f.reserve(100).unwrap();
+    f.reserve(50).unwrap();
+    assert_eq!(disk.file_len(&r).unwrap(), 100);
+    f.append(b"def").unwrap();
+    f.sync_data().unwrap();
+    let mut want = b"abcdef".to_vec();
+    want.resize(100, 0);
+    assert_eq!(disk.read_all(&r).unwrap(), want);
+    let mut buf = [9u8; 4];
+    disk.read_exact_at(&r, 96, &mut buf).unwrap();
+    assert_eq!(buf, [0; 4]);
+    f.append(&[7u8; 120]).unwrap();
+    assert_eq!(
+        disk.file_len(&r).unwrap(),
+        126,
+        "an append past the reserve grows the file"
+    );
+    f.reserve(200).unwrap();
+    f.release_reserved().unwrap();
+    f.sync_data().unwrap();
+    assert_eq!(disk.file_len(&r).unwrap(), 126);
+    assert_eq!(&disk.read_all(&r).unwrap()[..6], b"abcdef");
 }
 
 fn last_segment<B: Backend>(b: &B) -> std::path::PathBuf {
@@ -691,7 +820,7 @@ fn last_segment<B: Backend>(b: &B) -> std::path::PathBuf {
     let mut best = None;
     for name in names.iter().rev().filter(|n| n.ends_with(".seg")) {
         let path = dir.join(name);
-        if b.file_len(&path) > 200 {
+        if b.content_len(&path) > 200 {
             best = Some(path);
             break;
         }
@@ -725,6 +854,8 @@ conformance!(
     many_groups_share_one_log,
     the_next_batch_fills_while_a_sync_is_in_flight,
     a_torn_tail_is_cut_and_reported,
+    a_torn_record_in_reserved_space_is_cut_and_reported,
+    reserved_space_is_not_a_torn_write,
     corruption_in_the_middle_is_an_error,
     errors_are_typed,
     random_operations_match_the_model,

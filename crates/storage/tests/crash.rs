@@ -16,6 +16,9 @@ fn options() -> WalOptions {
         // One record per request, so that every recoverable state is the
         // state after a whole operation.
         record_size_bytes_target: 1 << 20,
+        // Reserved space as a server's log has it, so that crashes land
+        // in it and rotations give it back.
+        reserve_bytes: 160,
         ..small_options()
     }
 }

@@ -19,8 +19,18 @@ use ferry_storage::codec::{frame_record, read_frame, FrameRead, WalRecord};
 use ferry_storage::log_state::{LOG_STATE_FILE, SYNC_PROGRESS_FILE};
 use ferry_storage::{Disk, DiskFile, Storage, StorageError, WalOptions};
 
+/// These tests cut and zero segments by their length, so their log
+/// appends without reserving space; a loss in reserved space is
+/// `zeroing_synced_records_in_reserved_space`.
+fn options() -> WalOptions {
+    WalOptions {
+        reserve_bytes: 0,
+        ..WalOptions::default()
+    }
+}
+
 fn open<B: Backend>(b: &B) -> Result<(Storage<B::D>, ferry_storage::RecoveryReport), StorageError> {
-    Storage::open(b.disk(), &b.dir(), WalOptions::default())
+    Storage::open(b.disk(), &b.dir(), options())
 }
 
 fn wal_dir<B: Backend>(b: &B) -> PathBuf {
@@ -155,6 +165,34 @@ fn zeroing_the_only_segment<B: Backend>(b: B) {
 fn replacing_the_only_segment_by_an_empty_file<B: Backend>(b: B) {
     let seg = one_synced_batch(&b);
     replace(&b, &seg, &[]);
+    expect_lost(&b, &seg);
+}
+
+/// In reserved space a synced write that the disk lost reads as zeros,
+/// like space the log never reached: the progress file's claim is what
+/// tells the two apart.
+fn zeroing_synced_records_in_reserved_space<B: Backend>(b: B) {
+    let (mut s, _) = Storage::open(b.disk(), &b.dir(), WalOptions::default()).unwrap();
+    s.wal
+        .append(
+            1,
+            &PersistRequest {
+                seq: 1,
+                hard_state: hs(3, 2),
+                entries: (1..=3).map(|i| entry(i, 3, 1)).collect(),
+            },
+        )
+        .unwrap();
+    s.wal.sync().unwrap();
+    drop(s);
+    b.restart();
+    let seg = segments(&b)[0].clone();
+    let len = b.content_len(&seg);
+    assert!(
+        b.file_len(&seg) > len + 1000,
+        "the segment has reserved space"
+    );
+    b.zero_bytes(&seg, len - 20, 20);
     expect_lost(&b, &seg);
 }
 
@@ -555,6 +593,7 @@ both_disks!(
     zeroing_the_only_segment,
     replacing_the_only_segment_by_an_empty_file,
     truncating_half_of_the_only_segment,
+    zeroing_synced_records_in_reserved_space,
     zeroing_the_tail_of_the_only_segment,
     cutting_the_last_unsynced_write_is_still_a_torn_tail,
     deleting_every_segment_while_snapshots_remain,

@@ -31,8 +31,20 @@ pub trait Backend {
     fn restart_keeping_written(&self);
     /// Flips the bits of one byte.
     fn corrupt_byte(&self, path: &Path, offset: u64);
+    /// Sets `len` bytes from `offset` to zero (what a write that never
+    /// reached the disk leaves in reserved space), keeping the file's length.
+    fn zero_bytes(&self, path: &Path, offset: u64, len: usize);
     fn file_len(&self, path: &Path) -> u64 {
         self.disk().file_len(path).unwrap()
+    }
+    /// The file's length without the zeros at its end (a log segment's
+    /// reserved space): where its last record ends, give or take the
+    /// record's own trailing zero bytes.
+    fn content_len(&self, path: &Path) -> u64 {
+        let data = self.disk().read_all(path).unwrap();
+        data.iter()
+            .rposition(|b| *b != 0)
+            .map_or(0, |i| i as u64 + 1)
     }
 }
 
@@ -77,6 +89,12 @@ impl Backend for FsBackend {
         f.write_all_at(&b, offset).unwrap();
         f.sync_all().unwrap();
     }
+    fn zero_bytes(&self, path: &Path, offset: u64, len: usize) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.write_all_at(&vec![0u8; len], offset).unwrap();
+        f.sync_all().unwrap();
+    }
 }
 
 pub struct SimBackend {
@@ -108,6 +126,9 @@ impl Backend for SimBackend {
     fn corrupt_byte(&self, path: &Path, offset: u64) {
         assert!(self.disk.corrupt_byte(path, offset));
     }
+    fn zero_bytes(&self, path: &Path, offset: u64, len: usize) {
+        assert!(self.disk.zero_bytes(path, offset, len));
+    }
 }
 
 pub fn small_options() -> WalOptions {
@@ -117,6 +138,7 @@ pub fn small_options() -> WalOptions {
         cache_entries_max_per_group: 4,
         cache_size_bytes_max_per_group: 4096,
         record_size_bytes_target: 200,
+        reserve_bytes: 0,
     }
 }
 
