@@ -265,9 +265,10 @@ impl SimDisk {
         s.failing_create_errno = errno;
     }
 
-    /// Makes the next `count` appends fail with the OS error `errno` (such
-    /// as ENOSPC) without writing anything, as a real file's failed append
-    /// ends (see [`crate::disk::DiskFile::append`]); the disk stays on.
+    /// Makes the next `count` appends or reserves (both write) fail with
+    /// the OS error `errno` (such as ENOSPC) without writing anything, as
+    /// a real file's failed write ends (see
+    /// [`crate::disk::DiskFile::append`]); the disk stays on.
     pub fn fail_next_appends(&self, count: u64, errno: i32) {
         let mut s = self.lock();
         s.failing_appends = count;
@@ -500,6 +501,10 @@ impl DiskFile for SimFile {
         s.charge_op()?;
         if s.generation != self.generation {
             return Err(io::Error::other("file handle from before a crash"));
+        }
+        if s.failing_appends > 0 {
+            s.failing_appends -= 1;
+            return Err(io::Error::from_raw_os_error(s.failing_append_errno));
         }
         let len = usize::try_from(len_bytes).unwrap_or(usize::MAX);
         if let Some(inode) = s.inodes.get_mut(&self.inode) {

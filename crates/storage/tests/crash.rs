@@ -644,6 +644,42 @@ fn appends_that_find_the_disk_full_are_held_and_written_once_there_is_room() {
     }
 }
 
+/// Reserving space is a write like any other and can find the disk full:
+/// the log then appends without a reserve, nothing fails, and it reserves
+/// again once it has passed the chunk it could not reserve.
+#[test]
+fn a_reserve_that_finds_the_disk_full_is_skipped() {
+    use ferry_storage::Disk;
+    let disk = SimDisk::with_seed(9);
+    let options = WalOptions {
+        segment_size_bytes_max: 64 * 1024,
+        reserve_bytes: 8 * 1024,
+        ..WalOptions::default()
+    };
+    let (mut s, _) = Storage::open(disk.clone(), &dir(), options.clone()).unwrap();
+    let seg = dir().join("wal").join("00000000000000000001.seg");
+    // The first flush reserves first: that write fails, the append after
+    // it does not.
+    disk.fail_next_appends(1, 28);
+    s.wal.append(1, &filled_request(1, 700)).unwrap();
+    assert_eq!(s.wal.sync().unwrap()[&1], 1);
+    let unreserved = disk.file_len(&seg).unwrap();
+    assert!(unreserved < 1000, "nothing reserved: {unreserved} bytes");
+    for seq in 2..=20 {
+        s.wal.append(1, &filled_request(seq, 700)).unwrap();
+        s.wal.sync().unwrap();
+    }
+    assert!(
+        disk.file_len(&seg).unwrap() > 14 * 1024 + 1000,
+        "reserved again past the chunk it could not reserve"
+    );
+    drop(s);
+    disk.crash(CrashMode::LoseUnsynced);
+    let (_, report) = Storage::open(disk.clone(), &dir(), options).unwrap();
+    assert_eq!(report.wal.truncated_bytes, 0);
+    assert_eq!(report.groups[&1].entries.len(), 20);
+}
+
 #[test]
 fn a_crash_while_the_disk_is_full_keeps_every_acknowledged_append() {
     let disk = SimDisk::with_seed(8);
