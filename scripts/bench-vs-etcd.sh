@@ -78,7 +78,13 @@
 # summed over the three processes and divided by the measured requests:
 # CPU time (utime + stime from /proc/PID/stat, before and after the
 # measured phase) and bytes written to storage (write_bytes from
-# /proc/PID/io); and each member's resident memory (VmRSS) after it.
+# /proc/PID/io); the bytes the data directory's disk received over the
+# measured phase (sectors written in /proc/diskstats, after a sync on
+# either side: the whole device, so every writer on the machine and the
+# filesystem's journal count; write_bytes charges a process a whole
+# page-cache folio per write into it, up to 64 KiB for ferry's log, while
+# the disk receives only the blocks written); and each member's resident
+# memory (VmRSS) after it.
 # With a preload, both get --quota-backend-bytes of 8 GiB so that the
 # default 2 GiB quota does not stop the fill.
 #
@@ -291,6 +297,25 @@ members_written_bytes() {
   echo "$total"
 }
 
+# The block device the data directory is on, as /proc/diskstats names it;
+# empty if it is not one there (tmpfs, a device-mapper name).
+DISK_DEVICE="$(basename "$(df --output=source "$DIR" 2>/dev/null | tail -n 1)")"
+if ! awk -v d="$DISK_DEVICE" '$3 == d { found = 1 } END { exit !found }' /proc/diskstats; then
+  DISK_DEVICE=""
+fi
+
+# Bytes the data directory's disk has received so far, from every writer,
+# after a sync so that what was written to the page cache is counted
+# now; "-" if the disk is unknown.
+disk_written_bytes() {
+  if [[ -z "$DISK_DEVICE" ]]; then
+    echo -
+    return
+  fi
+  sync
+  awk -v d="$DISK_DEVICE" '$3 == d { printf "%.0f\n", $10 * 512 }' /proc/diskstats
+}
+
 # Resident memory of each running member in MiB, as "a/b/c".
 members_rss_mib() {
   local pid list="" kib
@@ -340,7 +365,7 @@ preload() {
 # One run: SYSTEM WORKLOAD ROUND LABEL (the workload and its shape, as the
 # results name it). Appends "system label round rps p50 p99
 # errors load_errors max_us cpu_us_per_request written_bytes_per_request
-# rss_mib_max restart_ms preload_s" to the results.
+# rss_mib_max restart_ms preload_s disk_bytes_per_request" to the results.
 run_one() {
   local system="$1" workload="$2" round="$3" label="$4"
   local data="$DIR/$system-$workload-$round" ports endpoints="" port
@@ -359,7 +384,7 @@ run_one() {
   for port in "${ports[@]}"; do
     endpoints+="${endpoints:+,}127.0.0.1:$port"
   done
-  local status=0 output line preload_s=0 restart_ms=- cpu_before written_before
+  local status=0 output line preload_s=0 restart_ms=- cpu_before written_before disk_before
   if wait_ready ${endpoints//,/ }; then
     if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
       preload_s="$(preload "$endpoints")" || status=1
@@ -370,6 +395,7 @@ run_one() {
   if [[ $status -eq 0 ]]; then
     cpu_before="$(members_cpu_ticks)"
     written_before="$(members_written_bytes)"
+    disk_before="$(disk_written_bytes)"
     # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
     output="$("$FERRY" bench --endpoints "$endpoints" --workload "$workload" \
       --requests "$RUN_REQUESTS" --warmup-requests "$WARMUP" --clients "$CLIENTS" \
@@ -378,6 +404,8 @@ run_one() {
     status=$?
     local cpu_ticks=$(($(members_cpu_ticks) - cpu_before))
     local written=$(($(members_written_bytes) - written_before))
+    local disk_after
+    disk_after="$(disk_written_bytes)"
     local rss
     rss="$(members_rss_mib)"
     line="$(grep '^RESULT ' <<<"$output")"
@@ -388,10 +416,13 @@ run_one() {
     else
       # The warm-up ran inside the measured window too: count its requests.
       local requests=$(( $(field "$line" requests) + $(field "$line" warmup_requests) ))
-      local cpu_us written_per rss_max
+      local cpu_us written_per rss_max disk_per=-
       cpu_us="$(awk -v t="$cpu_ticks" -v hz="$CLK_TCK" -v n="$requests" 'BEGIN { printf "%.1f", t * 1e6 / hz / n }')"
       written_per="$(awk -v b="$written" -v n="$requests" 'BEGIN { printf "%.0f", b / n }')"
       rss_max="$(tr '/' '\n' <<<"$rss" | sort -n | tail -n 1)"
+      if [[ "$disk_before" != - && "$disk_after" != - ]]; then
+        disk_per="$(awk -v b="$((disk_after - disk_before))" -v n="$requests" 'BEGIN { printf "%.0f", b / n }')"
+      fi
       if [[ "$RESTART" == 1 ]]; then
         local pid
         for pid in "${PIDS[@]}"; do
@@ -412,10 +443,10 @@ run_one() {
       fi
       echo "$system round $round: $line"
       echo "$system round $round: cpu_us_per_request=$cpu_us written_bytes_per_request=$written_per" \
-        "rss_mib=$rss preload_s=$preload_s restart_ms=$restart_ms"
+        "disk_bytes_per_request=$disk_per rss_mib=$rss preload_s=$preload_s restart_ms=$restart_ms"
       echo "$system $label $round $(field "$line" requests_per_s) $(field "$line" p50_us)" \
         "$(field "$line" p99_us) $(field "$line" errors) $(field "$line" load_errors)" \
-        "$(field "$line" max_us) $cpu_us $written_per $rss_max $restart_ms $preload_s" >>"$RESULTS"
+        "$(field "$line" max_us) $cpu_us $written_per $rss_max $restart_ms $preload_s $disk_per" >>"$RESULTS"
     fi
   fi
   stop_cluster
@@ -521,17 +552,20 @@ echo "(req/s ratio above 1: ferry serves more; latency ratio below 1: ferry answ
   "errors: failed requests summed over the rounds)"
 echo
 echo "What the members cost, medians over the rounds: server CPU and bytes written per request" \
-  "(all three members), the largest member's resident memory, the slowest request," \
+  "(all three members: wr as /proc/PID/io charges them, disk as the disk received them)," \
+  "the largest member's resident memory, the slowest request," \
   "the time to the first put after kill -9 of every member (RESTART=1)"
-printf '%-30s %9s %9s %6s | %9s %9s | %7s %7s | %9s %9s | %9s %9s\n' \
-  workload "etcd cpu" "ferry cpu" ratio "etcd wr" "ferry wr" "etcd rss" "ferry" \
+printf '%-30s %9s %9s %6s | %9s %9s | %9s %9s | %7s %7s | %9s %9s | %9s %9s\n' \
+  workload "etcd cpu" "ferry cpu" ratio "etcd wr" "ferry wr" "etcd disk" "ferry disk" "etcd rss" "ferry" \
   "etcd max" "ferry max" "etcd rst" "ferry rst"
 for workload in $LABELS; do
   e_cpu="$(column_of etcd "$workload" 10 | median)"
   f_cpu="$(column_of ferry "$workload" 10 | median)"
-  printf '%-30s %6s us %6s us %6s | %7s B %7s B | %3s MiB %3s MiB | %6s ms %6s ms | %6s ms %6s ms\n' \
+  printf '%-30s %6s us %6s us %6s | %7s B %7s B | %7s B %7s B | %3s MiB %3s MiB | %6s ms %6s ms | %6s ms %6s ms\n' \
     "$workload" "$e_cpu" "$f_cpu" "$(ratio "$f_cpu" "$e_cpu")" \
     "$(column_of etcd "$workload" 11 | median)" "$(column_of ferry "$workload" 11 | median)" \
+    "$(column_of etcd "$workload" 15 | grep -v -- - | median)" \
+    "$(column_of ferry "$workload" 15 | grep -v -- - | median)" \
     "$(column_of etcd "$workload" 12 | median)" "$(column_of ferry "$workload" 12 | median)" \
     "$(column_of etcd "$workload" 9 | median | awk '{ if ($1 == "-") print "-"; else printf "%.0f", $1 / 1000 }')" \
     "$(column_of ferry "$workload" 9 | median | awk '{ if ($1 == "-") print "-"; else printf "%.0f", $1 / 1000 }')" \
