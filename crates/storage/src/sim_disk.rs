@@ -169,6 +169,16 @@ impl State {
         Ok(())
     }
 
+    /// Fails this write (append or reserve) if failures were asked for
+    /// ([`SimDisk::fail_next_appends`]).
+    fn fail_write_if_asked(&mut self) -> io::Result<()> {
+        if self.failing_appends > 0 {
+            self.failing_appends -= 1;
+            return Err(io::Error::from_raw_os_error(self.failing_append_errno));
+        }
+        Ok(())
+    }
+
     fn draw_sync_latency(&mut self) {
         let lo = self.options.sync_latency_ticks_min;
         let hi = self.options.sync_latency_ticks_max.max(lo);
@@ -453,17 +463,22 @@ impl SimDisk {
     }
 }
 
+impl SimFile {
+    /// Fails for a handle opened before the last crash.
+    fn check_generation(&self, s: &State) -> io::Result<()> {
+        if s.generation != self.generation {
+            return Err(io::Error::other("file handle from before a crash"));
+        }
+        Ok(())
+    }
+}
+
 impl DiskFile for SimFile {
     fn append(&self, data: &[u8]) -> io::Result<()> {
         let mut s = self.disk.lock();
         s.check_on()?;
-        if s.generation != self.generation {
-            return Err(io::Error::other("file handle from before a crash"));
-        }
-        if s.failing_appends > 0 {
-            s.failing_appends -= 1;
-            return Err(io::Error::from_raw_os_error(s.failing_append_errno));
-        }
+        self.check_generation(&s)?;
+        s.fail_write_if_asked()?;
         let (n, cut) = match s.fault_budget {
             Some(budget) if budget < data.len() as u64 => (budget as usize, true),
             _ => (data.len(), false),
@@ -484,9 +499,7 @@ impl DiskFile for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         let mut s = self.disk.lock();
         s.charge_op()?;
-        if s.generation != self.generation {
-            return Err(io::Error::other("file handle from before a crash"));
-        }
+        self.check_generation(&s)?;
         s.check_sync_failure()?;
         s.draw_sync_latency();
         if let Some(inode) = s.inodes.get_mut(&self.inode) {
@@ -499,13 +512,8 @@ impl DiskFile for SimFile {
     fn reserve(&self, len_bytes: u64) -> io::Result<()> {
         let mut s = self.disk.lock();
         s.charge_op()?;
-        if s.generation != self.generation {
-            return Err(io::Error::other("file handle from before a crash"));
-        }
-        if s.failing_appends > 0 {
-            s.failing_appends -= 1;
-            return Err(io::Error::from_raw_os_error(s.failing_append_errno));
-        }
+        self.check_generation(&s)?;
+        s.fail_write_if_asked()?;
         let len = usize::try_from(len_bytes).unwrap_or(usize::MAX);
         if let Some(inode) = s.inodes.get_mut(&self.inode) {
             inode.reserved_len = inode.reserved_len.max(len);
@@ -516,9 +524,7 @@ impl DiskFile for SimFile {
     fn release_reserved(&self) -> io::Result<()> {
         let mut s = self.disk.lock();
         s.charge_op()?;
-        if s.generation != self.generation {
-            return Err(io::Error::other("file handle from before a crash"));
-        }
+        self.check_generation(&s)?;
         if let Some(inode) = s.inodes.get_mut(&self.inode) {
             inode.reserved_len = 0;
         }

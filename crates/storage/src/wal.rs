@@ -691,7 +691,10 @@ impl<D: Disk> Wal<D> {
             // What follows the valid records is a torn write, unless it is
             // only reserved zeros; the zeros after a torn write are not
             // counted as cut.
-            let damaged_end = buf.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+            let damaged_end = buf[valid_len..]
+                .iter()
+                .rposition(|b| *b != 0)
+                .map_or(valid_len, |i| valid_len + i + 1);
             if valid_len < damaged_end {
                 debug_assert!(is_last);
                 report.truncated_bytes = (damaged_end - valid_len) as u64;

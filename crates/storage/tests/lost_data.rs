@@ -130,7 +130,12 @@ fn hs(term: u64, vote: u64) -> Option<HardState> {
 /// Opens, writes one synced batch for group 1 (term 3, vote 2, entries
 /// 1..=3), closes and restarts. The node's only segment holds it all.
 fn one_synced_batch<B: Backend>(b: &B) -> PathBuf {
-    let (mut s, _) = open(b).unwrap();
+    one_synced_batch_with(b, options())
+}
+
+/// [`one_synced_batch`] written by a log with `options`.
+fn one_synced_batch_with<B: Backend>(b: &B, options: WalOptions) -> PathBuf {
+    let (mut s, _) = Storage::open(b.disk(), &b.dir(), options).unwrap();
     s.wal
         .append(
             1,
@@ -172,21 +177,7 @@ fn replacing_the_only_segment_by_an_empty_file<B: Backend>(b: B) {
 /// like space the log never reached: the progress file's claim is what
 /// tells the two apart.
 fn zeroing_synced_records_in_reserved_space<B: Backend>(b: B) {
-    let (mut s, _) = Storage::open(b.disk(), &b.dir(), WalOptions::default()).unwrap();
-    s.wal
-        .append(
-            1,
-            &PersistRequest {
-                seq: 1,
-                hard_state: hs(3, 2),
-                entries: (1..=3).map(|i| entry(i, 3, 1)).collect(),
-            },
-        )
-        .unwrap();
-    s.wal.sync().unwrap();
-    drop(s);
-    b.restart();
-    let seg = segments(&b)[0].clone();
+    let seg = one_synced_batch_with(&b, WalOptions::default());
     let len = b.content_len(&seg);
     assert!(
         b.file_len(&seg) > len + 1000,
