@@ -50,9 +50,12 @@
 #   KEY_SPACE    distinct keys [1000]
 #   KEY_BYTES    key size [8]
 #   VALUE_BYTES  value size [256]
-#   BENCH_ARGS   more `ferry bench` flags, given to every run []
 #   ETCD_ARGS    more `etcd` flags, given to every member [] (for experiments)
 #   FERRY_ARGS   more `ferry serve` flags, given to every member [] (for experiments)
+#   MEMBER_THREADS  threads each member runs its work on, for both systems:
+#                ferry's `--worker-threads` and etcd's GOMAXPROCS (the three
+#                members share the machine's cores; each takes every core by
+#                default) [unset: each system's default]
 #   SYSTEMS      which systems to run, in order of each round [etcd ferry]
 #   FLOOR        the grpc_floor example's binary (cargo build --release -p
 #                ferry-server --example grpc_floor; it is then
@@ -122,6 +125,11 @@ VALUE_BYTES="${VALUE_BYTES:-256}"
 BENCH_ARGS="${BENCH_ARGS:-}"
 ETCD_ARGS="${ETCD_ARGS:-}"
 FERRY_ARGS="${FERRY_ARGS:-}"
+MEMBER_THREADS="${MEMBER_THREADS:-}"
+if [[ -n "$MEMBER_THREADS" && ! "$MEMBER_THREADS" =~ ^[1-9][0-9]*$ ]]; then
+  echo "bench-vs-etcd: MEMBER_THREADS must be a positive number of threads, not '$MEMBER_THREADS'" >&2
+  exit 2
+fi
 SYSTEMS="${SYSTEMS:-etcd ferry}"
 FLOOR="${FLOOR:-}"
 if [[ -n "$FLOOR" ]]; then
@@ -211,7 +219,7 @@ start_etcd() {
   done
   # ETCD_ARGS is a list of flags: split on purpose.
   for i in 0 1 2; do
-    env -u ETCD_DATA_DIR -u ETCD_NAME etcd \
+    env -u ETCD_DATA_DIR -u ETCD_NAME ${MEMBER_THREADS:+GOMAXPROCS=$MEMBER_THREADS} etcd \
       --name "e$((i + 1))" \
       --data-dir "$data/e$((i + 1))" \
       --listen-client-urls "http://127.0.0.1:${ETCD_CLIENT_PORTS[$i]}" \
@@ -242,6 +250,7 @@ start_ferry() {
       --listen-client "127.0.0.1:${FERRY_CLIENT_PORTS[$i]}" \
       --listen-peer "127.0.0.1:${FERRY_PEER_PORTS[$i]}" \
       "${members[@]}" \
+      ${MEMBER_THREADS:+--worker-threads "$MEMBER_THREADS"} \
       $FERRY_ARGS \
       >"$data/f$((i + 1)).log" 2>&1 &
     PIDS+=($!)
@@ -469,7 +478,7 @@ echo "bench-vs-etcd: load before: $(uptime)"
 echo "bench-vs-etcd: $ROUNDS rounds of: $WORKLOADS; $REQUESTS requests (+$WARMUP warm-up)," \
   "shapes (clients x connections) $SHAPES, $KEY_SPACE keys of $KEY_BYTES bytes," \
   "values of $VALUE_BYTES bytes${BENCH_ARGS:+; bench flags: $BENCH_ARGS}" \
-  "${ETCD_ARGS:+; etcd flags: $ETCD_ARGS}${FERRY_ARGS:+; ferry serve flags: $FERRY_ARGS}"
+  "${ETCD_ARGS:+; etcd flags: $ETCD_ARGS}${FERRY_ARGS:+; ferry serve flags: $FERRY_ARGS}${MEMBER_THREADS:+; $MEMBER_THREADS thread(s) per member}"
 if [[ "$PRELOAD_KEYS" -gt 0 ]]; then
   echo "bench-vs-etcd: each run first puts $PRELOAD_KEYS keys of $PRELOAD_KEY_BYTES bytes with values of" \
     "$PRELOAD_VALUE_BYTES bytes (about $((PRELOAD_KEYS * PRELOAD_VALUE_BYTES / 1000000)) MB)"

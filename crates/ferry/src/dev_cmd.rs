@@ -6,7 +6,9 @@
 //! leader changes and nodes that die, and stops every node cleanly on
 //! Ctrl-C. Run it again in the same folder and the same cluster resumes.
 //! Each node serves metrics and health over HTTP on 2381, 22381 and 32381,
-//! or on a free port when one of those is taken.
+//! or on a free port when one of those is taken. Each node's runtime gets
+//! its share of the machine's cores (`--worker-threads`), since the three
+//! share them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -30,6 +32,17 @@ pub struct DevArgs {
     /// `root`, the user it acts as once auth is on).
     #[arg(long)]
     pub tls: bool,
+    /// Worker threads of each node's runtime (`ferry serve
+    /// --worker-threads`). [default: the machine's CPUs shared among the
+    /// three nodes, at least one each]
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<usize>,
+}
+
+/// Each node's share of `cpus`, at least one thread: three runtimes that
+/// each take every core wake one another's idle threads for nothing.
+fn worker_threads_share(cpus: usize) -> usize {
+    (cpus / NODES.len()).max(1)
 }
 
 /// The files of `ferry dev --tls`.
@@ -151,6 +164,7 @@ fn spawn(
     members: &[String],
     dir: &Path,
     tls: Option<&DevTls>,
+    worker_threads: usize,
 ) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
     let node_dir = dir.join(format!("node{}", node.id));
@@ -171,7 +185,9 @@ fn spawn(
         .arg("--listen-peer")
         .arg(format!("127.0.0.1:{}", node.peer_port))
         .arg("--listen-metrics")
-        .arg(format!("http://127.0.0.1:{}", node.metrics_port));
+        .arg(format!("http://127.0.0.1:{}", node.metrics_port))
+        .arg("--worker-threads")
+        .arg(worker_threads.to_string());
     for member in members {
         command.arg("--member").arg(member);
     }
@@ -317,14 +333,31 @@ pub fn run(args: DevArgs) -> ExitCode {
         },
         None => None,
     };
+    let worker_threads = match args.worker_threads {
+        Some(0) => {
+            eprintln!("ferry dev: --worker-threads must be at least 1");
+            return ExitCode::from(2);
+        }
+        Some(threads) => threads,
+        None => worker_threads_share(
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        ),
+    };
     let resuming = args.dir.join("node1").exists();
     println!(
-        "ferry dev: {} a three-node cluster in {}/",
+        "ferry dev: {} a three-node cluster in {}/ ({worker_threads} worker thread{} each)",
         if resuming { "resuming" } else { "starting" },
-        args.dir.display()
+        args.dir.display(),
+        if worker_threads == 1 { "" } else { "s" },
     );
     for index in 0..nodes.len() {
-        match spawn(&nodes[index], &members, &args.dir, tls.as_ref()) {
+        match spawn(
+            &nodes[index],
+            &members,
+            &args.dir,
+            tls.as_ref(),
+            worker_threads,
+        ) {
             Ok(child) => nodes[index].child = Some(child),
             Err(error) => {
                 eprintln!("ferry dev: cannot start node {}: {error}", nodes[index].id);
@@ -479,4 +512,18 @@ fn reap(nodes: &mut [DevNode]) -> usize {
         }
     }
     gone
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_threads_share;
+
+    #[test]
+    fn each_node_gets_its_share_of_the_cores_and_at_least_one_thread() {
+        assert_eq!(worker_threads_share(1), 1);
+        assert_eq!(worker_threads_share(2), 1);
+        assert_eq!(worker_threads_share(3), 1);
+        assert_eq!(worker_threads_share(8), 2);
+        assert_eq!(worker_threads_share(16), 5);
+    }
 }

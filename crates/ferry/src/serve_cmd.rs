@@ -238,7 +238,19 @@ pub struct ServeArgs {
     /// health probes); more wait in the kernel's backlog. [default: 16]
     #[arg(long, value_name = "N")]
     pub max_metrics_connections: Option<usize>,
+    /// Threads that run the node's tasks (the async runtime's workers; the
+    /// log's syncs and the state's flushes run on threads of their own).
+    /// Give members that share a machine their share of its cores: an idle
+    /// worker is woken to help with every burst of work, and with more
+    /// workers than cores those wake-ups cost more than the help is worth.
+    /// [default: one per CPU, or `TOKIO_WORKER_THREADS`]
+    #[arg(long, value_name = "N")]
+    pub worker_threads: Option<usize>,
 }
+
+/// The most `--worker-threads`: far more than any machine has cores, few
+/// enough that a typo does not start a thread per megabyte.
+const WORKER_THREADS_MAX: usize = 1024;
 
 /// The largest `--max-request-bytes`: a request is one log entry, and an
 /// entry must fit in one frame between peers (64 MiB) with room to spare.
@@ -295,6 +307,7 @@ struct ServeFile {
     client_cert_auth: Option<bool>,
     listen_metrics: Option<String>,
     max_metrics_connections: Option<usize>,
+    worker_threads: Option<usize>,
 }
 
 /// Parses a member id written as etcdctl prints it: hexadecimal, with or
@@ -339,7 +352,6 @@ fn parse_member(text: &str) -> Result<(u64, MemberAddrs), String> {
     ))
 }
 
-/// Merges flags over the file and fills in defaults.
 /// The options file named by `--config`, if any.
 fn serve_file(config: Option<&std::path::Path>) -> Result<ServeFile, String> {
     match config {
@@ -352,6 +364,22 @@ fn serve_file(config: Option<&std::path::Path>) -> Result<ServeFile, String> {
     }
 }
 
+/// The runtime's worker threads: the flag, else the file's, else none
+/// (tokio's default).
+fn worker_threads(args: &ServeArgs) -> Result<Option<usize>, String> {
+    let threads = match args.worker_threads {
+        Some(threads) => Some(threads),
+        None => serve_file(args.config.as_deref())?.worker_threads,
+    };
+    match threads {
+        Some(threads) if !(1..=WORKER_THREADS_MAX).contains(&threads) => Err(format!(
+            "--worker-threads {threads}: give 1 to {WORKER_THREADS_MAX}"
+        )),
+        threads => Ok(threads),
+    }
+}
+
+/// Merges flags over the file and fills in defaults.
 fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
     let file = serve_file(args.config.as_deref())?;
     let id_text = args
@@ -688,8 +716,10 @@ pub fn run(args: ServeArgs) -> ExitCode {
         crate::LogFormat::Text => eprintln!("ferry serve: {message}"),
         crate::LogFormat::Json => tracing::error!("{message}"),
     };
-    let config = match node_config(args) {
-        Ok(config) => config,
+    let (config, worker_threads) = match worker_threads(&args)
+        .and_then(|threads| Ok((node_config(args)?, threads)))
+    {
+        Ok(settings) => settings,
         Err(message) => {
             eprintln!("ferry serve: {message}");
             return ExitCode::from(2);
@@ -706,7 +736,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
         Ok(_) => {}
         Err(error) => tracing::warn!(%error, "cannot read or raise the open files limit"),
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(threads) = worker_threads {
+        runtime.worker_threads(threads);
+    }
+    let runtime = match runtime.build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("ferry serve: cannot start the async runtime: {error}");
@@ -1007,5 +1042,45 @@ mod tests {
         .unwrap();
         assert_eq!(config.members.keys().copied().collect::<Vec<_>>(), vec![1]);
         assert_eq!(config.client_listen.port(), 2379);
+    }
+
+    #[test]
+    fn worker_threads_come_from_the_flag_over_the_file_and_are_checked() {
+        assert_eq!(worker_threads(&ServeArgs::default()), Ok(None));
+        let flag = |threads| ServeArgs {
+            worker_threads: Some(threads),
+            ..ServeArgs::default()
+        };
+        assert_eq!(worker_threads(&flag(1)), Ok(Some(1)));
+        assert_eq!(
+            worker_threads(&flag(WORKER_THREADS_MAX)),
+            Ok(Some(WORKER_THREADS_MAX))
+        );
+        for threads in [0, WORKER_THREADS_MAX + 1, usize::MAX] {
+            let error = worker_threads(&flag(threads)).unwrap_err();
+            assert!(error.contains("--worker-threads"), "{error}");
+        }
+        let dir = std::env::temp_dir().join(format!("ferry-serve-threads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("node.toml");
+        std::fs::write(&path, "worker_threads = 3\n").unwrap();
+        let from_file = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(worker_threads(&from_file), Ok(Some(3)));
+        let flag_wins = ServeArgs {
+            worker_threads: Some(2),
+            ..from_file
+        };
+        assert_eq!(worker_threads(&flag_wins), Ok(Some(2)));
+        std::fs::write(&path, "worker_threads = 0\n").unwrap();
+        let error = worker_threads(&ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+        .unwrap_err();
+        assert!(error.contains("give 1 to"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
