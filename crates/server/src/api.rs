@@ -389,6 +389,22 @@ impl<B: Backend> EtcdApi<B> {
         Ok(user)
     }
 
+    /// Reads the auth state as of now (after a read index, as a
+    /// linearizable read): `read` gets the state and the caller's user
+    /// name, and decides what the caller may see.
+    async fn read_auth<T>(
+        &self,
+        credentials: &Credentials,
+        read: impl FnOnce(&AuthStore, &str) -> Result<T, AuthError>,
+    ) -> Result<T, Status> {
+        self.backend.read_index().await?;
+        let machine = self.backend.state().lock();
+        let user = self
+            .caller_in(&machine, credentials)
+            .map_err(ApiError::from)?;
+        Ok(read(machine.kv().auth(), &user).map_err(ApiError::from)?)
+    }
+
     /// Only root may (with auth on).
     fn require_admin(&self, credentials: &Credentials) -> Result<(), Status> {
         self.authorize_with(credentials, |auth, user| auth.check_admin(user))
@@ -1769,23 +1785,17 @@ impl<B: Backend> Auth for EtcdApi<B> {
     ) -> Result<Response<pb::AuthUserGetResponse>, Status> {
         self.serving()?;
         let credentials = self.credentials(&request).await?;
-        let request = request.into_inner();
-        self.backend.read_index().await?;
-        let roles = {
-            let machine = self.backend.state().lock();
-            let auth = machine.kv().auth();
-            let user = self
-                .caller_in(&machine, &credentials)
-                .map_err(ApiError::from)?;
-            // A user may read itself; everyone else, only root.
-            if !(auth.enabled() && user == request.name && !user.is_empty()) {
-                auth.check_admin(&user).map_err(ApiError::from)?;
-            }
-            match auth.users().get(&request.name) {
-                Some(record) => record.roles.iter().cloned().collect(),
-                None => return Err(ApiError::from(AuthError::UserNotFound).into()),
-            }
-        };
+        let name = request.into_inner().name;
+        let roles = self
+            .read_auth(&credentials, |auth, user| {
+                // A user may read itself; everyone else, only root.
+                if !(auth.enabled() && user == name && !user.is_empty()) {
+                    auth.check_admin(user)?;
+                }
+                let record = auth.users().get(&name).ok_or(AuthError::UserNotFound)?;
+                Ok(record.roles.iter().cloned().collect())
+            })
+            .await?;
         Ok(Response::new(pb::AuthUserGetResponse {
             header: Some(self.header(self.current_revision())),
             roles,
@@ -1798,16 +1808,12 @@ impl<B: Backend> Auth for EtcdApi<B> {
     ) -> Result<Response<pb::AuthUserListResponse>, Status> {
         self.serving()?;
         let credentials = self.credentials(&request).await?;
-        self.backend.read_index().await?;
-        let users = {
-            let machine = self.backend.state().lock();
-            let auth = machine.kv().auth();
-            let user = self
-                .caller_in(&machine, &credentials)
-                .map_err(ApiError::from)?;
-            auth.check_admin(&user).map_err(ApiError::from)?;
-            auth.users().keys().cloned().collect()
-        };
+        let users = self
+            .read_auth(&credentials, |auth, user| {
+                auth.check_admin(user)?;
+                Ok(auth.users().keys().cloned().collect())
+            })
+            .await?;
         Ok(Response::new(pb::AuthUserListResponse {
             header: Some(self.header(self.current_revision())),
             users,
@@ -1912,27 +1918,20 @@ impl<B: Backend> Auth for EtcdApi<B> {
     ) -> Result<Response<pb::AuthRoleGetResponse>, Status> {
         self.serving()?;
         let credentials = self.credentials(&request).await?;
-        let request = request.into_inner();
-        self.backend.read_index().await?;
-        let perm = {
-            let machine = self.backend.state().lock();
-            let auth = machine.kv().auth();
-            let user = self
-                .caller_in(&machine, &credentials)
-                .map_err(ApiError::from)?;
-            // A user may read the roles it has; everyone else, only root.
-            let has_role = auth
-                .users()
-                .get(&user)
-                .is_some_and(|u| u.roles.contains(&request.role));
-            if !(auth.enabled() && has_role) {
-                auth.check_admin(&user).map_err(ApiError::from)?;
-            }
-            match auth.roles().get(&request.role) {
-                Some(perms) => perms.clone(),
-                None => return Err(ApiError::from(AuthError::RoleNotFound).into()),
-            }
-        };
+        let role = request.into_inner().role;
+        let perm = self
+            .read_auth(&credentials, |auth, user| {
+                // A user may read the roles it has; everyone else, only root.
+                let has_role = auth
+                    .users()
+                    .get(user)
+                    .is_some_and(|u| u.roles.contains(&role));
+                if !(auth.enabled() && has_role) {
+                    auth.check_admin(user)?;
+                }
+                Ok(auth.roles().get(&role).ok_or(AuthError::RoleNotFound)?.clone())
+            })
+            .await?;
         Ok(Response::new(pb::AuthRoleGetResponse {
             header: Some(self.header(self.current_revision())),
             perm,
@@ -1945,16 +1944,12 @@ impl<B: Backend> Auth for EtcdApi<B> {
     ) -> Result<Response<pb::AuthRoleListResponse>, Status> {
         self.serving()?;
         let credentials = self.credentials(&request).await?;
-        self.backend.read_index().await?;
-        let roles = {
-            let machine = self.backend.state().lock();
-            let auth = machine.kv().auth();
-            let user = self
-                .caller_in(&machine, &credentials)
-                .map_err(ApiError::from)?;
-            auth.check_admin(&user).map_err(ApiError::from)?;
-            auth.roles().keys().cloned().collect()
-        };
+        let roles = self
+            .read_auth(&credentials, |auth, user| {
+                auth.check_admin(user)?;
+                Ok(auth.roles().keys().cloned().collect())
+            })
+            .await?;
         Ok(Response::new(pb::AuthRoleListResponse {
             header: Some(self.header(self.current_revision())),
             roles,
