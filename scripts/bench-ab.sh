@@ -14,7 +14,11 @@
 # REQUESTS [20000], WORKLOAD (`ferry bench --workload`) [put], BENCH_ARGS
 # (more `ferry bench` flags, e.g. "--clients 256 --connections 16") [],
 # CLIENT (`B`: build B's `ferry bench` loads both clusters; `own`: each
-# build's own, to compare a change of the client; a path: that ferry's) [B].
+# build's own, to compare a change of the client; a path: that ferry's) [B],
+# A_ARGS and B_ARGS (more `ferry dev` flags for build A or B) []. A build
+# from before `ferry dev --worker-threads` runs each member on one thread
+# per CPU, a newer one on its share of the CPUs: to compare the two at the
+# same threads, give the newer one `--worker-threads` with that count.
 set -euo pipefail
 A=$(realpath "$1")
 B=$(realpath "$2")
@@ -53,7 +57,10 @@ for round in $(seq "$ROUNDS"); do
         bin=$A
         [ "$name" = B ] && bin=$B
         dir=$(mktemp -d)
-        (cd "$dir" && exec "$bin" dev >dev.log 2>&1) &
+        args=${A_ARGS:-}
+        [ "$name" = B ] && args=${B_ARGS:-}
+        # shellcheck disable=SC2086 # A_ARGS and B_ARGS are lists of flags
+        (cd "$dir" && exec "$bin" dev $args >dev.log 2>&1) &
         dev=$!
         # A failed step must not leave the cluster holding the ports.
         # SIGTERM, not SIGINT: a script run in the background starts its
