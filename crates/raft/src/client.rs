@@ -13,7 +13,7 @@ use crate::request::{
     CampaignOutcome, CampaignRefusal, ForwardedRequest, ReadConsistency, Request, RequestError,
     RequestId, Response,
 };
-use crate::types::{EntryPayload, Index, NodeId};
+use crate::types::{EntryPayload, Index, NodeId, Term};
 
 /// A learner may be promoted once its match index is within this many
 /// entries of the leader's last index.
@@ -262,9 +262,12 @@ impl RaftNode {
     /// their answer (or deadline).
     pub(crate) fn on_leader_unknown(&mut self, _actions: &mut Vec<Action>) {}
 
+    /// A follower's forwarded request, sent in the follower's term
+    /// `sent_in`.
     pub(crate) fn handle_forward(
         &mut self,
         from: NodeId,
+        sent_in: Term,
         id: RequestId,
         request: ForwardedRequest,
         actions: &mut Vec<Action>,
@@ -282,6 +285,17 @@ impl RaftNode {
                 },
                 actions,
             );
+            return;
+        }
+        if sent_in < self.term && !matches!(request, ForwardedRequest::ReadIndex) {
+            // Sent in an older term, so possibly a late copy of a Forward
+            // this node executed when it led before: what a leader executed
+            // is remembered in memory, for duplicates within its term, and
+            // a restart forgets it (a node leads at most once per term, so
+            // within one term nothing is forgotten). Not executed, and not
+            // answered: the forwarder still waiting for this request reports
+            // its outcome unknown at its deadline, as for any unanswered
+            // Forward. (A read has no effect: it is served whatever its term.)
             return;
         }
         if let Some((earlier, result, _)) = self.requests.executed_forwards.get(&(from, id)) {

@@ -178,6 +178,10 @@
 //! proposals with `Busy` while its uncommitted tail holds
 //! `pending_requests_max` entries, and answers a `Forward` it receives twice
 //! (network duplication) with the first outcome instead of proposing again.
+//! It remembers what it executed in memory, for its term: a write
+//! forwarded in an older term (perhaps a late copy of one it executed
+//! before a restart) is neither executed nor answered, and its forwarder,
+//! if still waiting, reports `Timeout`.
 //! A node that is removed fails the requests that never left it with
 //! `Removed`; requests it had already forwarded keep waiting for the
 //! leader's answer or their deadline (`Timeout`: the outcome is unknown).

@@ -670,7 +670,9 @@ impl RaftNode {
                     // has moved on; timers regenerate whatever is still needed.
                     return;
                 }
-                // Client traffic is not Raft state: handled whatever its term.
+                // Client traffic is not Raft state: handled whatever its
+                // term (a leader refuses to execute a write forwarded in an
+                // older term: see `handle_forward`).
                 MessageBody::Forward { .. } | MessageBody::ForwardResponse { .. } => {}
             }
         }
@@ -765,7 +767,9 @@ impl RaftNode {
                 }
             }
             MessageBody::WakeUp => self.handle_wake_up(from, actions),
-            MessageBody::Forward { id, request } => self.handle_forward(from, id, request, actions),
+            MessageBody::Forward { id, request } => {
+                self.handle_forward(from, term, id, request, actions)
+            }
             MessageBody::ForwardResponse { id, result } => {
                 self.handle_forward_response(from, id, result, actions)
             }

@@ -523,3 +523,52 @@ fn a_candidate_learns_a_committed_configuration_from_a_voter_that_refuses_it() {
     let w = c.propose(leader, "after");
     assert!(c.run_until(20, |c| matches!(c.response(leader, w), Some(Ok(_)))));
 }
+
+/// BUG-SIM-7, found by the simulator (seed 256499): a leader executed a
+/// forwarded write and answered it, crashed (forgetting which forwards it
+/// had executed: that memory is kept for duplicates within a term), and
+/// led again, in a later term, when the network's late copy of the
+/// Forward arrived: the copy became a second entry. A leader does not
+/// execute a write forwarded in an older term.
+#[test]
+fn a_restarted_leader_does_not_execute_a_write_forwarded_in_an_older_term() {
+    use ferry_raft::Input;
+    let mut c = Cluster::new(&[1, 2, 3]);
+    let leader = c.elect();
+    let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
+    let r = c.propose(follower, "late");
+    let forward = c
+        .network
+        .iter()
+        .find(|m| matches!(m.body, MessageBody::Forward { .. }))
+        .cloned()
+        .unwrap();
+    c.deliver_all();
+    assert!(
+        matches!(c.response(follower, r), Some(Ok(Response::Proposed { .. }))),
+        "{:?}",
+        c.response(follower, r)
+    );
+    assert!(c.run_until(20, |c| c.all_applied(c.raft(leader).last_index())));
+
+    c.restart(leader);
+    // It leads again: elected, or handed the leadership.
+    assert!(c.run_until(300, |c| c.leader().is_some()));
+    if let Some(other) = c.leader().filter(|&other| other != leader) {
+        c.request(other, Request::TransferLeadership(leader));
+        assert!(c.run_until(100, |c| c.leader() == Some(leader)));
+    }
+    assert!(c.raft(leader).term() > forward.term);
+    c.step(leader, Input::Message(forward));
+    c.deliver_all();
+    assert!(c.run_until(50, |c| c.all_applied(c.raft(leader).last_index())));
+    for node in [1u64, 2, 3] {
+        let copies = c
+            .node(node)
+            .applied
+            .iter()
+            .filter(|b| b.as_ref() == b"late")
+            .count();
+        assert_eq!(copies, 1, "node {node}: one request became {copies} entries");
+    }
+}

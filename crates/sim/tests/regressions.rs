@@ -199,6 +199,78 @@ fn duplicate_forward_reaching_a_former_leader_is_applied_once() {
     );
 }
 
+/// BUG-SIM-7, staged: a follower forwards a write and the network delivers
+/// a copy of the `Forward` late. The leader executes the first copy and
+/// answers, then crashes (forgetting which forwards it executed), restarts
+/// and leads again, in a later term, before the late copy arrives. The
+/// copy was sent in the older term: the leader must not execute it, so the
+/// write is applied exactly once (the simulator fails the run on a second
+/// application of one client operation).
+#[test]
+fn a_late_forward_from_an_older_term_is_not_executed_by_a_restarted_leader() {
+    let mut sim = Simulation::new(SimConfig::quiet(107, 3));
+    let leader = elect(&mut sim);
+    let settled = sim.run_until_true(50 * TICK_US, TICK_US, |s| {
+        s.engine(leader)
+            .is_some_and(|e| e.commit_index() == e.last_index())
+    });
+    assert!(settled);
+    let first_term = sim.engine(leader).map(|e| e.term()).unwrap();
+    let follower = (1..=3).find(|&n| n != leader).unwrap();
+    let late_us = 600 * TICK_US;
+    sim.set_message_hook(Box::new(move |_, m| match m.body {
+        MessageBody::Forward { .. } if m.from == follower => Interference::DuplicateLate(late_us),
+        _ => Interference::None,
+    }));
+    let sent_at = sim.now_us();
+    let write = sim.scenario_write(0, 4242);
+    let tag = sim.submit(follower, Request::Propose(write));
+    let answered = sim.run_until_true(100 * TICK_US, TICK_US, |s| s.probe_response(tag).is_some());
+    assert!(answered, "the write was never answered");
+    assert!(
+        matches!(sim.probe_response(tag), Some(Ok(Response::Proposed { .. }))),
+        "{:?}",
+        sim.probe_response(tag)
+    );
+    sim.set_message_hook(Box::new(|_, _| Interference::None));
+
+    sim.crash_node(leader);
+    let later = sim.now_us() + 20 * TICK_US;
+    sim.run_until(later);
+    assert!(sim.restart_node(leader));
+    // It leads again: elected, or handed the leadership.
+    let deadline = sim.now_us() + 300 * TICK_US;
+    while sim.leader() != Some(leader) && sim.now_us() < deadline {
+        let elected = sim.run_until_true(100 * TICK_US, TICK_US, |s| s.leader().is_some());
+        assert!(elected, "no leader after the restart");
+        if let Some(other) = sim.leader().filter(|&other| other != leader) {
+            sim.submit(other, Request::TransferLeadership(leader));
+            sim.run_until_true(50 * TICK_US, TICK_US, |s| s.leader() == Some(leader));
+        }
+    }
+    assert_eq!(sim.leader(), Some(leader), "the restarted node did not lead again");
+    assert!(sim.engine(leader).map(|e| e.term()).unwrap() > first_term);
+    assert!(
+        sim.now_us() < sent_at + late_us,
+        "the late copy arrived before the restarted node led again"
+    );
+
+    // The late copy arrives while it leads.
+    let after_copy = sent_at + late_us + 50 * TICK_US;
+    sim.run_until(after_copy);
+    assert_eq!(sim.leader(), Some(leader));
+    assert!(sim.failure().is_none(), "{:?}", sim.failure());
+    assert!(sim.run_liveness(), "{:?}", sim.failure());
+    assert_eq!(sim.machine(leader).and_then(|m| m.get(0)), Some(4242));
+}
+
+/// BUG-SIM-7: the seed that showed a restarted leader executing a late copy
+/// of a forward it had executed in an earlier term.
+#[test]
+fn seed_256499_late_forward_after_a_leader_restart_proposed_once() {
+    assert_seed_passes_as_drawn(256499);
+}
+
 /// BUG-SIM-4: a duplicated forward reaching a leader that has stepped down
 /// must not lead to the request being proposed twice.
 #[test]
