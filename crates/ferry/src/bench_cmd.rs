@@ -671,6 +671,16 @@ enum PhaseKind {
     Workload,
 }
 
+/// `count` clients over `channels`, spread round-robin.
+fn kv_clients(channels: &[GrpcChannel], count: usize) -> Vec<KvClient<GrpcChannel>> {
+    channels
+        .iter()
+        .cycle()
+        .take(count)
+        .map(|channel| KvClient::new(channel.clone()))
+        .collect()
+}
+
 /// Opens the connections, round-robin over the endpoints.
 async fn connect(plan: &BenchPlan) -> Result<Vec<GrpcChannel>, BenchError> {
     let mut channels = Vec::with_capacity(plan.connections);
@@ -912,9 +922,7 @@ pub async fn run_bench(
     progress: &ProgressBar,
 ) -> Result<BenchReport, BenchError> {
     let channels = connect(plan).await?;
-    let clients: Vec<KvClient<GrpcChannel>> = (0..plan.clients)
-        .map(|index| KvClient::new(channels[index % channels.len()].clone()))
-        .collect();
+    let clients = kv_clients(&channels, plan.clients);
     let quiet = ProgressBar::hidden();
     let load = if plan.workload.reads() {
         Some(
@@ -1632,14 +1640,7 @@ mod tests {
             ..cluster.args(Workload::RangeLinearizable)
         };
         let plan = plan(&args).unwrap();
-        let clients: Vec<KvClient<GrpcChannel>> = connect(&plan)
-            .await
-            .unwrap()
-            .into_iter()
-            .cycle()
-            .take(plan.clients)
-            .map(KvClient::new)
-            .collect();
+        let clients = kv_clients(&connect(&plan).await.unwrap(), plan.clients);
         let quiet = ProgressBar::hidden();
         let load = run_phase(&plan, &clients, PhaseKind::Load, 4, 1, &quiet)
             .await
@@ -1796,14 +1797,7 @@ mod tests {
             ..cluster.args(Workload::Put)
         };
         let plan = plan(&args).unwrap();
-        let clients: Vec<KvClient<GrpcChannel>> = connect(&plan)
-            .await
-            .unwrap()
-            .into_iter()
-            .cycle()
-            .take(plan.clients)
-            .map(KvClient::new)
-            .collect();
+        let clients = kv_clients(&connect(&plan).await.unwrap(), plan.clients);
         cluster.stop().await;
         let quiet = ProgressBar::hidden();
         let outcome = run_phase(&plan, &clients, PhaseKind::Workload, 20, 1, &quiet)
