@@ -223,7 +223,12 @@
 //! its commit index is the notice's, it receives no snapshot, no request of
 //! its own is waiting, and quiescence is on here too. Otherwise it answers
 //! [`MessageBody::WakeUp`], and the leader wakes and sends it an append
-//! (which verifies its log, so that it can go quiet next time).
+//! (which verifies its log, so that it can go quiet next time). A member
+//! that never gets the notice keeps its timer: a voter's fires and its
+//! campaign wakes the group; a learner, which cannot campaign, sends its
+//! leader `WakeUp` instead, once per election timeout (otherwise a learner
+//! that lost the notice, and the commit index of the last write with it,
+//! would stay behind for as long as the group is quiet).
 //!
 //! ### Waking
 //!

@@ -541,6 +541,8 @@ impl RaftNode {
                     }
                     if self.can_campaign() {
                         self.campaign(false, actions);
+                    } else {
+                        self.ask_quiet_leader_for_heartbeats(actions);
                     }
                 }
             }

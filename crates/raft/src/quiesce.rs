@@ -144,6 +144,24 @@ impl RaftNode {
         }
     }
 
+    /// (Learner, after an election timeout without a word from its leader.)
+    /// A voter that missed the leader's notice finds out by campaigning,
+    /// which wakes the group; a learner cannot campaign, and a notice it
+    /// missed (with the commit index it carried) would leave it behind for
+    /// as long as the group stays quiet. So it asks its leader for
+    /// heartbeats: a dead leader costs one message per election timeout,
+    /// a quiet one wakes and sends it an append, and goes quiet again with
+    /// a new notice.
+    pub(crate) fn ask_quiet_leader_for_heartbeats(&mut self, actions: &mut Vec<Action>) {
+        let learner = self.config.is_learner(self.options.id);
+        if !self.options.quiesce || !learner || self.removed {
+            return;
+        }
+        if let Some(leader) = self.leader {
+            self.send(leader, MessageBody::WakeUp, actions);
+        }
+    }
+
     /// (Leader.) A follower asks for heartbeats. The leader woke already
     /// (any message wakes it); it sends the follower an append from where
     /// it is, which verifies the follower's log against this leader again

@@ -34,6 +34,19 @@ fn assert_seed_passes_as_drawn(seed: u64) {
     }
 }
 
+/// Replays `seed` as `ferry sim --seed N --groups G --quiesce drawn` draws
+/// it.
+fn assert_seed_passes_in_groups_quiescence_drawn(seed: u64, groups: usize) {
+    let mut config = SimConfig::random(seed, None);
+    config.apply_quiesce(ferry_sim::QuiesceMode::Drawn);
+    let report = run_config(config.with_groups(groups));
+    if let Some(failure) = report.failure {
+        panic!(
+            "seed {seed}: {failure}\nreplay: ferry sim --seed {seed} --groups {groups} --quiesce drawn --trace"
+        );
+    }
+}
+
 fn elect(sim: &mut Simulation) -> u64 {
     assert!(
         sim.run_until_true(300 * TICK_US, TICK_US, |s| s.leader().is_some()),
@@ -430,4 +443,16 @@ fn seed_1801_quiescent_a_load_of_written_unsynced_entries_is_not_lost_data() {
 #[test]
 fn seed_7965_a_load_may_serve_entries_the_snapshot_covers() {
     assert_seed_passes_as_drawn(7965);
+}
+
+/// Seeds 306401 and 317099 with 8 groups and quiescence drawn: a learner
+/// lost the commit notice of a group's last write and the leader's quiesce
+/// notice, and stayed a commit behind while the group was quiet. A
+/// learner now asks its leader for heartbeats when its election timer
+/// fires (`a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats`
+/// in the engine's quiescence tests stages it).
+#[test]
+fn seeds_306401_and_317099_a_learner_that_missed_the_quiesce_notice_catches_up() {
+    assert_seed_passes_in_groups_quiescence_drawn(306401, 8);
+    assert_seed_passes_in_groups_quiescence_drawn(317099, 8);
 }
