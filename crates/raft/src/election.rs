@@ -23,7 +23,7 @@ impl RaftNode {
         }
     }
 
-    fn voters_except_self(&self) -> Vec<NodeId> {
+    pub(crate) fn voters_except_self(&self) -> Vec<NodeId> {
         let id = self.options.id;
         self.config
             .voters

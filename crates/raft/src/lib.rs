@@ -225,10 +225,11 @@
 //! [`MessageBody::WakeUp`], and the leader wakes and sends it an append
 //! (which verifies its log, so that it can go quiet next time). A member
 //! that never gets the notice keeps its timer: a voter's fires and its
-//! campaign wakes the group; a learner, which cannot campaign, sends its
-//! leader `WakeUp` instead, once per election timeout (otherwise a learner
-//! that lost the notice, and the commit index of the last write with it,
-//! would stay behind for as long as the group is quiet).
+//! campaign wakes the group; a learner, which cannot campaign, sends
+//! `WakeUp` instead, once per election timeout, to its leader or, if it
+//! knows none (it restarted), to every voter (otherwise a learner that lost
+//! the notice, and the commit index of the last write with it, would stay
+//! behind for as long as the group is quiet).
 //!
 //! ### Waking
 //!

@@ -147,18 +147,24 @@ impl RaftNode {
     /// (Learner, after an election timeout without a word from its leader.)
     /// A voter that missed the leader's notice finds out by campaigning,
     /// which wakes the group; a learner cannot campaign, and a notice it
-    /// missed (with the commit index it carried) would leave it behind for
-    /// as long as the group stays quiet. So it asks its leader for
-    /// heartbeats: a dead leader costs one message per election timeout,
-    /// a quiet one wakes and sends it an append, and goes quiet again with
-    /// a new notice.
+    /// missed (with the commit index it carried), or a restart that made it
+    /// forget its leader, would leave it behind for as long as the group
+    /// stays quiet. So it asks for heartbeats: its leader, which wakes,
+    /// sends it an append and goes quiet again with a new notice; or, with
+    /// no leader known, every voter, whose followers wake on it and wake
+    /// their leader. A dead group costs a message per voter per election
+    /// timeout.
     pub(crate) fn ask_quiet_leader_for_heartbeats(&mut self, actions: &mut Vec<Action>) {
         let learner = self.config.is_learner(self.options.id);
         if !self.options.quiesce || !learner || self.removed {
             return;
         }
-        if let Some(leader) = self.leader {
-            self.send(leader, MessageBody::WakeUp, actions);
+        let asked = match self.leader {
+            Some(leader) => vec![leader],
+            None => self.voters_except_self(),
+        };
+        for peer in asked {
+            self.send(peer, MessageBody::WakeUp, actions);
         }
     }
 

@@ -897,3 +897,47 @@ fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
         c.raft(4).commit_index()
     );
 }
+
+/// Found by the simulator (seed 313117, 8 groups a node): as above, and
+/// the learner then restarted, forgetting its leader, while the group
+/// stayed quiet (the append the leader sent when it reconnected was lost
+/// too). With no leader to ask, it asks every voter; a quiet follower
+/// wakes on it and wakes its leader.
+#[test]
+fn a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
+    let (mut c, leader) = quiet_group();
+    c.add_node(4, quiesce_options(4), RestoredState::joining());
+    let added = c.request(
+        leader,
+        Request::ChangeMembership(MembershipChange::AddLearner(4)),
+    );
+    assert!(matches!(
+        c.response(leader, added),
+        Some(Ok(Response::Proposed { .. }))
+    ));
+    assert!(c.run_until(60, |c| all_quiescent(c)
+        && c.raft(4).commit_index() == c.raft(leader).commit_index()));
+    c.propose(leader, "w2");
+    let lost_to_learner =
+        |m: &Message| !(m.to == 4 && matches!(m.body, MessageBody::Heartbeat { .. } | MessageBody::Quiesce { .. }));
+    for _ in 0..30 {
+        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+        for id in ids {
+            c.step(id, Input::Tick);
+        }
+        c.deliver_filtered(lost_to_learner);
+        if c.raft(leader).is_quiescent() {
+            break;
+        }
+    }
+    assert!(c.raft(leader).is_quiescent(), "the group did not go quiet");
+    let commit = c.raft(leader).commit_index();
+    c.restart(4);
+    assert_eq!(c.raft(4).leader(), None);
+    assert!(c.raft(4).commit_index() < commit);
+    assert!(
+        c.run_until(60, |c| c.raft(4).commit_index() == commit && all_quiescent(c)),
+        "the learner stayed at commit {} of {commit}",
+        c.raft(4).commit_index()
+    );
+}
