@@ -456,3 +456,24 @@ fn seeds_306401_and_317099_a_learner_that_missed_the_quiesce_notice_catches_up()
     assert_seed_passes_in_groups_quiescence_drawn(306401, 8);
     assert_seed_passes_in_groups_quiescence_drawn(317099, 8);
 }
+
+/// Seed 313117 with 8 groups and quiescence drawn: a learner restarted in
+/// a quiet group, forgetting its leader, and the append its leader sent
+/// when it reconnected was lost. With no leader to ask, it now asks every
+/// voter (`a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group`
+/// in the engine's quiescence tests stages it).
+#[test]
+fn seed_313117_a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
+    assert_seed_passes_in_groups_quiescence_drawn(313117, 8);
+}
+
+/// Seeds 315517 and 317537 with 8 groups: syncs of up to six milliseconds
+/// against an eight-millisecond election timeout kept a group's
+/// candidates timing out before their votes came back, past the liveness
+/// bound. The liveness phase now turns slow syncs off like every other
+/// fault (a sync lasts at most an eighth of the election timeout there).
+#[test]
+fn seeds_315517_and_317537_elections_converge_once_syncs_are_no_longer_slow() {
+    assert_seed_passes_in_groups_quiescence_drawn(315517, 8);
+    assert_seed_passes_in_groups_quiescence_drawn(317537, 8);
+}

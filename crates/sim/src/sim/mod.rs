@@ -10,8 +10,8 @@
 //! each of them.
 //!
 //! A run has a main phase (workload, faults, membership changes) and a
-//! liveness phase (every fault off, everyone reconnected, restarted and
-//! resumed), after which the cluster must have converged within a bounded
+//! liveness phase (every fault off, slow messages and slow syncs too,
+//! everyone reconnected, restarted and resumed), after which the cluster must have converged within a bounded
 //! number of election timeouts. Safety is checked after every step.
 
 mod clients;
@@ -1740,6 +1740,7 @@ impl Simulation {
                     self.rng.range_inclusive(low, high)
                 }
                 Some(Ok(Some(disk_us))) => {
+                    let disk_us = self.sync_us_in_phase(disk_us);
                     if disk_us >= 2 * TICK_US {
                         self.coverage.hit(Counter::SlowSync);
                     }
