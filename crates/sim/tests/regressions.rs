@@ -10,7 +10,7 @@ use std::rc::Rc;
 use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response, Role};
 use ferry_sim::config::{DiskConfig, SimConfig, TICK_US};
 use ferry_sim::net::Partition;
-use ferry_sim::run_config;
+use ferry_sim::{run_config, QuiesceMode};
 use ferry_sim::sim::{Interference, Simulation};
 
 /// Replays `seed` on the in-memory storage model, as the seed ran when it
@@ -37,12 +37,23 @@ fn assert_seed_passes_as_drawn(seed: u64) {
 /// Replays `seed` as `ferry sim --seed N --groups G --quiesce drawn` draws
 /// it.
 fn assert_seed_passes_in_groups_quiescence_drawn(seed: u64, groups: usize) {
+    assert_seed_passes_in_groups(seed, groups, QuiesceMode::Drawn);
+}
+
+/// Replays `seed` as `ferry sim --seed N --groups G --quiesce MODE` draws
+/// it.
+fn assert_seed_passes_in_groups(seed: u64, groups: usize, quiesce: QuiesceMode) {
     let mut config = SimConfig::random(seed, None);
-    config.apply_quiesce(ferry_sim::QuiesceMode::Drawn);
+    config.apply_quiesce(quiesce);
     let report = run_config(config.with_groups(groups));
     if let Some(failure) = report.failure {
+        let flag = match quiesce {
+            QuiesceMode::Off => "off",
+            QuiesceMode::On => "on",
+            QuiesceMode::Drawn => "drawn",
+        };
         panic!(
-            "seed {seed}: {failure}\nreplay: ferry sim --seed {seed} --groups {groups} --quiesce drawn --trace"
+            "seed {seed}: {failure}\nreplay: ferry sim --seed {seed} --groups {groups} --quiesce {flag} --trace"
         );
     }
 }
@@ -428,7 +439,7 @@ fn seed_86665_snapshot_chunks_are_pipelined() {
 #[test]
 fn seed_1801_quiescent_a_load_of_written_unsynced_entries_is_not_lost_data() {
     let mut config = SimConfig::random(1801, None);
-    config.apply_quiesce(ferry_sim::QuiesceMode::On);
+    config.apply_quiesce(QuiesceMode::On);
     let report = run_config(config);
     if let Some(failure) = report.failure {
         panic!("{failure}\nreplay: ferry sim --seed 1801 --quiesce on --trace");
@@ -465,6 +476,9 @@ fn seeds_306401_and_317099_a_learner_that_missed_the_quiesce_notice_catches_up()
 #[test]
 fn seed_313117_a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
     assert_seed_passes_in_groups_quiescence_drawn(313117, 8);
+    // The same with 4 groups, every one quiescent.
+    assert_seed_passes_in_groups(600524, 4, QuiesceMode::On);
+    assert_seed_passes_in_groups(609007, 4, QuiesceMode::On);
 }
 
 /// Seeds 315517 and 317537 with 8 groups: syncs of up to six milliseconds
