@@ -716,15 +716,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
         crate::LogFormat::Text => eprintln!("ferry serve: {message}"),
         crate::LogFormat::Json => tracing::error!("{message}"),
     };
-    let (config, worker_threads) = match worker_threads(&args)
-        .and_then(|threads| Ok((node_config(args)?, threads)))
-    {
-        Ok(settings) => settings,
-        Err(message) => {
-            eprintln!("ferry serve: {message}");
-            return ExitCode::from(2);
-        }
-    };
+    let (config, worker_threads) =
+        match worker_threads(&args).and_then(|threads| Ok((node_config(args)?, threads))) {
+            Ok(settings) => settings,
+            Err(message) => {
+                eprintln!("ferry serve: {message}");
+                return ExitCode::from(2);
+            }
+        };
     // Every descriptor the process may have, before any is used: the
     // connection limits are derived from what this leaves.
     match raise_open_files_limit() {

@@ -848,14 +848,11 @@ fn a_quiet_follower_answers_a_copy_of_an_old_leader_message_without_waking() {
     assert!(!c.raft(a).is_quiescent(), "a higher commit index is news");
 }
 
-/// Found by the simulator (seeds 306401 and 317099, 8 groups a node): a
-/// learner lost both the commit notice of the last write and the leader's
-/// quiesce notice; the group went quiet with the learner one commit
-/// behind, and nothing ever told it more. A voter in its place campaigns
-/// when its timer fires, which wakes the group; a learner asks its leader
-/// for heartbeats instead.
-#[test]
-fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
+/// A quiet group with learner 4 one commit behind it: the learner took the
+/// last write, but the heartbeats after it (commit notices among them) and
+/// the quiesce notice were lost on their way to it. Returns the cluster,
+/// the leader and its commit index.
+fn quiet_group_with_a_learner_behind() -> (Cluster, NodeId, u64) {
     let (mut c, leader) = quiet_group();
     c.add_node(4, quiesce_options(4), RestoredState::joining());
     let added = c.request(
@@ -868,13 +865,14 @@ fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
     ));
     assert!(c.run_until(60, |c| all_quiescent(c)
         && c.raft(4).commit_index() == c.raft(leader).commit_index()));
-
-    // A write reaches the learner, but no commit index after it does:
-    // heartbeats (commit notices among them) and the quiesce notice to it
-    // are lost until the group is quiet again.
     c.propose(leader, "w2");
-    let lost_to_learner =
-        |m: &Message| !(m.to == 4 && matches!(m.body, MessageBody::Heartbeat { .. } | MessageBody::Quiesce { .. }));
+    let lost_to_learner = |m: &Message| {
+        !(m.to == 4
+            && matches!(
+                m.body,
+                MessageBody::Heartbeat { .. } | MessageBody::Quiesce { .. }
+            ))
+    };
     for _ in 0..30 {
         let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
         for id in ids {
@@ -889,10 +887,22 @@ fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
     let commit = c.raft(leader).commit_index();
     assert_eq!(c.raft(4).last_index(), commit);
     assert!(c.raft(4).commit_index() < commit);
+    (c, leader, commit)
+}
 
+/// Found by the simulator (seeds 306401 and 317099, 8 groups a node): a
+/// learner lost both the commit notice of the last write and the leader's
+/// quiesce notice; the group went quiet with the learner one commit
+/// behind, and nothing ever told it more. A voter in its place campaigns
+/// when its timer fires, which wakes the group; a learner asks its leader
+/// for heartbeats instead.
+#[test]
+fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
+    let (mut c, _, commit) = quiet_group_with_a_learner_behind();
     // Nothing is lost from now on: the learner's timer brings it level.
     assert!(
-        c.run_until(60, |c| c.raft(4).commit_index() == commit && all_quiescent(c)),
+        c.run_until(60, |c| c.raft(4).commit_index() == commit
+            && all_quiescent(c)),
         "the learner stayed at commit {} of {commit}",
         c.raft(4).commit_index()
     );
@@ -905,38 +915,13 @@ fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
 /// wakes on it and wakes its leader.
 #[test]
 fn a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
-    let (mut c, leader) = quiet_group();
-    c.add_node(4, quiesce_options(4), RestoredState::joining());
-    let added = c.request(
-        leader,
-        Request::ChangeMembership(MembershipChange::AddLearner(4)),
-    );
-    assert!(matches!(
-        c.response(leader, added),
-        Some(Ok(Response::Proposed { .. }))
-    ));
-    assert!(c.run_until(60, |c| all_quiescent(c)
-        && c.raft(4).commit_index() == c.raft(leader).commit_index()));
-    c.propose(leader, "w2");
-    let lost_to_learner =
-        |m: &Message| !(m.to == 4 && matches!(m.body, MessageBody::Heartbeat { .. } | MessageBody::Quiesce { .. }));
-    for _ in 0..30 {
-        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
-        for id in ids {
-            c.step(id, Input::Tick);
-        }
-        c.deliver_filtered(lost_to_learner);
-        if c.raft(leader).is_quiescent() {
-            break;
-        }
-    }
-    assert!(c.raft(leader).is_quiescent(), "the group did not go quiet");
-    let commit = c.raft(leader).commit_index();
+    let (mut c, _, commit) = quiet_group_with_a_learner_behind();
     c.restart(4);
     assert_eq!(c.raft(4).leader(), None);
     assert!(c.raft(4).commit_index() < commit);
     assert!(
-        c.run_until(60, |c| c.raft(4).commit_index() == commit && all_quiescent(c)),
+        c.run_until(60, |c| c.raft(4).commit_index() == commit
+            && all_quiescent(c)),
         "the learner stayed at commit {} of {commit}",
         c.raft(4).commit_index()
     );

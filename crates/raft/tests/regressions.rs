@@ -569,6 +569,9 @@ fn a_restarted_leader_does_not_execute_a_write_forwarded_in_an_older_term() {
             .iter()
             .filter(|b| b.as_ref() == b"late")
             .count();
-        assert_eq!(copies, 1, "node {node}: one request became {copies} entries");
+        assert_eq!(
+            copies, 1,
+            "node {node}: one request became {copies} entries"
+        );
     }
 }

@@ -1929,7 +1929,11 @@ impl<B: Backend> Auth for EtcdApi<B> {
                 if !(auth.enabled() && has_role) {
                     auth.check_admin(user)?;
                 }
-                Ok(auth.roles().get(&role).ok_or(AuthError::RoleNotFound)?.clone())
+                Ok(auth
+                    .roles()
+                    .get(&role)
+                    .ok_or(AuthError::RoleNotFound)?
+                    .clone())
             })
             .await?;
         Ok(Response::new(pb::AuthRoleGetResponse {

@@ -10,8 +10,8 @@ use std::rc::Rc;
 use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response, Role};
 use ferry_sim::config::{DiskConfig, SimConfig, TICK_US};
 use ferry_sim::net::Partition;
-use ferry_sim::{run_config, QuiesceMode};
 use ferry_sim::sim::{Interference, Simulation};
+use ferry_sim::{run_config, QuiesceMode};
 
 /// Replays `seed` on the in-memory storage model, as the seed ran when it
 /// found its bug (seeds drawn for the real storage since then would
@@ -272,7 +272,11 @@ fn a_late_forward_from_an_older_term_is_not_executed_by_a_restarted_leader() {
             sim.run_until_true(50 * TICK_US, TICK_US, |s| s.leader() == Some(leader));
         }
     }
-    assert_eq!(sim.leader(), Some(leader), "the restarted node did not lead again");
+    assert_eq!(
+        sim.leader(),
+        Some(leader),
+        "the restarted node did not lead again"
+    );
     assert!(sim.engine(leader).map(|e| e.term()).unwrap() > first_term);
     assert!(
         sim.now_us() < sent_at + late_us,
