@@ -225,11 +225,12 @@
 //! [`MessageBody::WakeUp`], and the leader wakes and sends it an append
 //! (which verifies its log, so that it can go quiet next time). A member
 //! that never gets the notice keeps its timer: a voter's fires and its
-//! campaign wakes the group; a learner, which cannot campaign, sends
-//! `WakeUp` instead, once per election timeout, to its leader or, if it
-//! knows none (it restarted), to every voter (otherwise a learner that lost
-//! the notice, and the commit index of the last write with it, would stay
-//! behind for as long as the group is quiet).
+//! campaign wakes the group; a member that cannot campaign (a learner, or
+//! a node that joined and has not yet seen the entry adding it commit)
+//! sends `WakeUp` instead, once per election timeout, to its leader or, if
+//! it knows none (it restarted), to every voter it knows of (otherwise a
+//! learner that lost the notice, and the commit index of the last write
+//! with it, would stay behind for as long as the group is quiet).
 //!
 //! ### Waking
 //!

@@ -144,19 +144,20 @@ impl RaftNode {
         }
     }
 
-    /// (Learner, after an election timeout without a word from its leader.)
-    /// A voter that missed the leader's notice finds out by campaigning,
-    /// which wakes the group; a learner cannot campaign, and a notice it
-    /// missed (with the commit index it carried), or a restart that made it
-    /// forget its leader, would leave it behind for as long as the group
-    /// stays quiet. So it asks for heartbeats: its leader, which wakes,
-    /// sends it an append and goes quiet again with a new notice; or, with
-    /// no leader known, every voter, whose followers wake on it and wake
-    /// their leader. A dead group costs a message per voter per election
-    /// timeout.
+    /// (Non-voter, after an election timeout without a word from its
+    /// leader: a learner, or a node that joined and has not yet committed
+    /// the configuration that adds it.) A voter that missed the leader's
+    /// notice finds out by campaigning, which wakes the group; a non-voter
+    /// cannot campaign, and a notice it missed (with the commit index it
+    /// carried), or a restart that made it forget its leader, would leave
+    /// it behind for as long as the group stays quiet. So it asks for
+    /// heartbeats: its leader, which wakes, sends it an append and goes
+    /// quiet again with a new notice; or, with no leader known, every voter
+    /// it knows of, whose followers wake on it and wake their leader. A
+    /// dead group costs a message per voter per election timeout.
     pub(crate) fn ask_quiet_leader_for_heartbeats(&mut self, actions: &mut Vec<Action>) {
-        let learner = self.config.is_learner(self.options.id);
-        if !self.options.quiesce || !learner || self.removed {
+        let voter = self.config.is_voter(self.options.id);
+        if !self.options.quiesce || voter || self.removed {
             return;
         }
         let asked = match self.leader {

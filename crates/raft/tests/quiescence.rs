@@ -926,3 +926,65 @@ fn a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
         c.raft(4).commit_index()
     );
 }
+
+/// Found by the simulator (seed 1023492, 8 groups a node): a node joined
+/// as a learner took the entries up to and including the one that adds
+/// it before that entry committed, and the news of the commit never
+/// reached it (the commit notice and the quiesce notice were lost), so it
+/// did not count itself a learner: a configuration takes effect at commit.
+/// It asks its leader for heartbeats like any member that cannot campaign.
+#[test]
+fn a_joining_node_that_missed_the_commit_of_its_addition_wakes_a_quiet_group() {
+    let (mut c, leader) = quiet_group();
+    let [a, b] = followers(leader)[..] else {
+        panic!()
+    };
+    c.add_node(4, quiesce_options(4), RestoredState::joining());
+    // The voters do not hear of the addition until the joining node holds
+    // it: it arrives there uncommitted.
+    c.partition(leader, a);
+    c.partition(leader, b);
+    let added = c.request(
+        leader,
+        Request::ChangeMembership(MembershipChange::AddLearner(4)),
+    );
+    let Some(Ok(Response::Proposed {
+        index: addition, ..
+    })) = c.response(leader, added).cloned()
+    else {
+        panic!("the addition was not proposed")
+    };
+    assert!(c.run_until(50, |c| c.raft(4).last_index() >= addition));
+    assert!(c.raft(4).commit_index() < addition);
+    c.heal();
+    // From now on the news that the addition committed is lost on its way
+    // to the joining node: the commit notices and heartbeats that carry it,
+    // and the quiesce notice.
+    let lost_to_joiner = move |m: &Message| match m.body {
+        MessageBody::Heartbeat { leader_commit, .. } => !(m.to == 4 && leader_commit >= addition),
+        MessageBody::Quiesce { .. } => m.to != 4,
+        _ => true,
+    };
+    for _ in 0..60 {
+        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+        for id in ids {
+            c.step(id, Input::Tick);
+        }
+        c.deliver_filtered(lost_to_joiner);
+        if c.raft(leader).is_quiescent() {
+            break;
+        }
+    }
+    assert!(c.raft(leader).is_quiescent(), "the group did not go quiet");
+    let commit = c.raft(leader).commit_index();
+    assert_eq!(c.raft(4).last_index(), commit);
+    assert!(c.raft(4).commit_index() < commit);
+    assert!(!c.raft(4).config().is_learner(4));
+    assert!(
+        c.run_until(60, |c| c.raft(4).commit_index() == commit
+            && all_quiescent(c)),
+        "the joining node stayed at commit {} of {commit}",
+        c.raft(4).commit_index()
+    );
+    assert!(c.raft(4).config().is_learner(4));
+}

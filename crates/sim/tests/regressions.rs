@@ -485,6 +485,17 @@ fn seed_313117_a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
     assert_seed_passes_in_groups(609007, 4, QuiesceMode::On);
 }
 
+/// Seed 1023492 with 8 groups and quiescence drawn: a node joining as a
+/// learner held the entry adding it, uncommitted, and lost the news of its
+/// commit; its configuration (taken at commit) did not list it yet, so it
+/// did not count as a learner. Every member that cannot campaign now asks
+/// for heartbeats (`a_joining_node_that_missed_the_commit_of_its_addition_wakes_a_quiet_group`
+/// in the engine's quiescence tests stages it).
+#[test]
+fn seed_1023492_a_joining_node_that_missed_its_addition_wakes_a_quiet_group() {
+    assert_seed_passes_in_groups_quiescence_drawn(1023492, 8);
+}
+
 /// Seeds 315517 and 317537 with 8 groups: syncs of up to six milliseconds
 /// against an eight-millisecond election timeout kept a group's
 /// candidates timing out before their votes came back, past the liveness
