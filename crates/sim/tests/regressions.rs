@@ -506,3 +506,15 @@ fn seeds_315517_and_317537_elections_converge_once_syncs_are_no_longer_slow() {
     assert_seed_passes_in_groups_quiescence_drawn(315517, 8);
     assert_seed_passes_in_groups_quiescence_drawn(317537, 8);
 }
+
+/// Seed 1100337 with 16 groups and quiescence on: the power went in the
+/// middle of a write of the log, after the record of a request (with a
+/// commit index of 11) had reached the disk. The record survived the
+/// crash, unsynced, as a real disk may keep it; the model had not counted
+/// a failed write as written at all and called the recovered state a
+/// durability violation ("commit expected 5, recovered 11"). The model now
+/// counts a failed write as written and unsynced.
+#[test]
+fn seed_1100337_a_write_that_failed_on_a_power_loss_may_survive_the_crash() {
+    assert_seed_passes_in_groups(1100337, 16, QuiesceMode::On);
+}

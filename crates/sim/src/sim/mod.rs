@@ -1476,6 +1476,16 @@ impl Simulation {
                 }
                 if let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) {
                     if let Err(e) = real.append(group, &request) {
+                        // A failed write may still have reached the disk:
+                        // the power can go after its record was written and
+                        // before the write ended (a later record of the
+                        // same flush, the space the log reserves ahead).
+                        // The model counts it written and unsynced, which
+                        // the crash that follows may keep or lose, as the
+                        // real disk does.
+                        if let Some(node) = self.nodes.get_mut(&id) {
+                            let _ = node.disk.write(group, request);
+                        }
                         self.storage_failed(id, e);
                         return;
                     }
