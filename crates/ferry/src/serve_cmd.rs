@@ -364,14 +364,19 @@ fn serve_file(config: Option<&std::path::Path>) -> Result<ServeFile, String> {
     }
 }
 
+/// What `ferry serve` runs with: the node's configuration and the
+/// runtime's worker threads, from the flags over the options file (read
+/// once).
+fn serve_settings(args: ServeArgs) -> Result<(NodeConfig, Option<usize>), String> {
+    let file = serve_file(args.config.as_deref())?;
+    let threads = worker_threads(&args, &file)?;
+    Ok((node_config(args, file)?, threads))
+}
+
 /// The runtime's worker threads: the flag, else the file's, else none
 /// (tokio's default).
-fn worker_threads(args: &ServeArgs) -> Result<Option<usize>, String> {
-    let threads = match args.worker_threads {
-        Some(threads) => Some(threads),
-        None => serve_file(args.config.as_deref())?.worker_threads,
-    };
-    match threads {
+fn worker_threads(args: &ServeArgs, file: &ServeFile) -> Result<Option<usize>, String> {
+    match args.worker_threads.or(file.worker_threads) {
         Some(threads) if !(1..=WORKER_THREADS_MAX).contains(&threads) => Err(format!(
             "--worker-threads {threads}: give 1 to {WORKER_THREADS_MAX}"
         )),
@@ -380,8 +385,7 @@ fn worker_threads(args: &ServeArgs) -> Result<Option<usize>, String> {
 }
 
 /// Merges flags over the file and fills in defaults.
-fn node_config(args: ServeArgs) -> Result<NodeConfig, String> {
-    let file = serve_file(args.config.as_deref())?;
+fn node_config(args: ServeArgs, file: ServeFile) -> Result<NodeConfig, String> {
     let id_text = args
         .id
         .or(file.id)
@@ -716,14 +720,13 @@ pub fn run(args: ServeArgs) -> ExitCode {
         crate::LogFormat::Text => eprintln!("ferry serve: {message}"),
         crate::LogFormat::Json => tracing::error!("{message}"),
     };
-    let (config, worker_threads) =
-        match worker_threads(&args).and_then(|threads| Ok((node_config(args)?, threads))) {
-            Ok(settings) => settings,
-            Err(message) => {
-                eprintln!("ferry serve: {message}");
-                return ExitCode::from(2);
-            }
-        };
+    let (config, worker_threads) = match serve_settings(args) {
+        Ok(settings) => settings,
+        Err(message) => {
+            eprintln!("ferry serve: {message}");
+            return ExitCode::from(2);
+        }
+    };
     // Every descriptor the process may have, before any is used: the
     // connection limits are derived from what this leaves.
     match raise_open_files_limit() {
@@ -820,10 +823,20 @@ pub fn run(args: ServeArgs) -> ExitCode {
 mod tests {
     use super::*;
 
+    /// The node configuration `args` give (with their options file).
+    fn config_of(args: ServeArgs) -> Result<NodeConfig, String> {
+        serve_settings(args).map(|(config, _)| config)
+    }
+
+    /// The worker threads `args` give (with their options file).
+    fn threads_of(args: &ServeArgs) -> Result<Option<usize>, String> {
+        worker_threads(args, &serve_file(args.config.as_deref())?)
+    }
+
     #[test]
     fn metrics_urls_reach_the_node_config_and_bad_ones_say_why() {
         let member = "1=127.0.0.1:1,http://127.0.0.1:2".to_string();
-        let config = node_config(ServeArgs {
+        let config = config_of(ServeArgs {
             id: Some("1".into()),
             member: vec![member.clone()],
             listen_metrics: Some("http://127.0.0.1:2381, http://[::1]:2382/".into()),
@@ -839,7 +852,7 @@ mod tests {
             ]
         );
         assert_eq!(config.metrics_options.connection_limits.connections_max, 3);
-        let default = node_config(ServeArgs {
+        let default = config_of(ServeArgs {
             id: Some("1".into()),
             member: vec![member.clone()],
             ..ServeArgs::default()
@@ -852,7 +865,7 @@ mod tests {
             ("http://localhost:2381", "IP address and port"),
             (" , ", "names no URL"),
         ] {
-            let error = node_config(ServeArgs {
+            let error = config_of(ServeArgs {
                 id: Some("1".into()),
                 member: vec![member.clone()],
                 listen_metrics: Some(urls.into()),
@@ -890,7 +903,7 @@ mod tests {
         assert!(parse_id("1ffffffffffffffff").is_err());
         let (id, addrs) = parse_member("a=127.0.0.1:1,http://127.0.0.1:2").unwrap();
         assert_eq!((id, addrs.name.as_str()), (10, "ferry-a"));
-        let config = node_config(ServeArgs {
+        let config = config_of(ServeArgs {
             id: Some("0xa".into()),
             member: vec!["a=127.0.0.1:1,http://127.0.0.1:2".into()],
             ..ServeArgs::default()
@@ -909,14 +922,14 @@ mod tests {
             "id = \"b\"\nmember = [\"b=127.0.0.1:1,http://127.0.0.1:2\"]\n",
         )
         .unwrap();
-        let config = node_config(ServeArgs {
+        let config = config_of(ServeArgs {
             config: Some(path.clone()),
             ..ServeArgs::default()
         })
         .unwrap();
         assert_eq!(config.node_id, 11);
         std::fs::write(&path, "id = 11\n").unwrap();
-        let error = node_config(ServeArgs {
+        let error = config_of(ServeArgs {
             config: Some(path),
             ..ServeArgs::default()
         })
@@ -932,14 +945,14 @@ mod tests {
             member: vec!["1=127.0.0.1:1,http://127.0.0.1:2".into()],
             ..ServeArgs::default()
         };
-        assert!(node_config(args)
+        assert!(config_of(args)
             .unwrap_err()
             .contains("not among the members"));
     }
 
     #[test]
-    fn connection_and_storage_limits_reach_the_node_config() {
-        let config = node_config(ServeArgs {
+    fn connection_and_storage_limits_reach_the_config_of() {
+        let config = config_of(ServeArgs {
             id: Some("1".into()),
             max_client_connections: Some(500),
             max_connections_per_ip: Some(8),
@@ -964,7 +977,7 @@ mod tests {
         assert_eq!(config.peer_buffered_bytes_max, 1 << 30);
         assert_eq!(config.wal_segment_size_bytes_max, 1 << 20);
         // Without flags: the limits come from the open files limit.
-        let defaults = node_config(ServeArgs {
+        let defaults = config_of(ServeArgs {
             id: Some("1".into()),
             ..ServeArgs::default()
         })
@@ -984,7 +997,7 @@ mod tests {
                 ..ServeArgs::default()
             },
         ] {
-            let error = node_config(ServeArgs {
+            let error = config_of(ServeArgs {
                 id: Some("1".into()),
                 ..zero
             })
@@ -999,7 +1012,7 @@ mod tests {
             id: Some("1".into()),
             ..ServeArgs::default()
         };
-        let config = node_config(ServeArgs {
+        let config = config_of(ServeArgs {
             max_request_bytes: Some(4096),
             max_txn_ops: Some(16),
             max_txn_response_bytes: Some(1 << 20),
@@ -1015,16 +1028,16 @@ mod tests {
         assert_eq!(config.watch_limits.watcher_queued_bytes_max, 1000);
         assert_eq!(config.watch_limits.stream_queued_bytes_max, 2000);
         assert_eq!(config.watch_limits.node_queued_bytes_max, 3000);
-        let defaults = node_config(base()).unwrap();
+        let defaults = config_of(base()).unwrap();
         assert_eq!(defaults.kv_limits.txn_ops_max, 128);
         assert_eq!(defaults.kv_limits.request_size_bytes_max, 1536 * 1024);
-        let error = node_config(ServeArgs {
+        let error = config_of(ServeArgs {
             max_txn_ops: Some(0),
             ..base()
         })
         .unwrap_err();
         assert!(error.contains("--max-txn-ops"), "{error}");
-        let error = node_config(ServeArgs {
+        let error = config_of(ServeArgs {
             max_request_bytes: Some(64 << 20),
             ..base()
         })
@@ -1034,7 +1047,7 @@ mod tests {
 
     #[test]
     fn a_lone_node_founds_a_cluster_of_itself() {
-        let config = node_config(ServeArgs {
+        let config = config_of(ServeArgs {
             id: Some("1".into()),
             ..ServeArgs::default()
         })
@@ -1045,18 +1058,18 @@ mod tests {
 
     #[test]
     fn worker_threads_come_from_the_flag_over_the_file_and_are_checked() {
-        assert_eq!(worker_threads(&ServeArgs::default()), Ok(None));
+        assert_eq!(threads_of(&ServeArgs::default()), Ok(None));
         let flag = |threads| ServeArgs {
             worker_threads: Some(threads),
             ..ServeArgs::default()
         };
-        assert_eq!(worker_threads(&flag(1)), Ok(Some(1)));
+        assert_eq!(threads_of(&flag(1)), Ok(Some(1)));
         assert_eq!(
-            worker_threads(&flag(WORKER_THREADS_MAX)),
+            threads_of(&flag(WORKER_THREADS_MAX)),
             Ok(Some(WORKER_THREADS_MAX))
         );
         for threads in [0, WORKER_THREADS_MAX + 1, usize::MAX] {
-            let error = worker_threads(&flag(threads)).unwrap_err();
+            let error = threads_of(&flag(threads)).unwrap_err();
             assert!(error.contains("--worker-threads"), "{error}");
         }
         let dir = std::env::temp_dir().join(format!("ferry-serve-threads-{}", std::process::id()));
@@ -1067,14 +1080,14 @@ mod tests {
             config: Some(path.clone()),
             ..ServeArgs::default()
         };
-        assert_eq!(worker_threads(&from_file), Ok(Some(3)));
+        assert_eq!(threads_of(&from_file), Ok(Some(3)));
         let flag_wins = ServeArgs {
             worker_threads: Some(2),
             ..from_file
         };
-        assert_eq!(worker_threads(&flag_wins), Ok(Some(2)));
+        assert_eq!(threads_of(&flag_wins), Ok(Some(2)));
         std::fs::write(&path, "worker_threads = 0\n").unwrap();
-        let error = worker_threads(&ServeArgs {
+        let error = threads_of(&ServeArgs {
             config: Some(path),
             ..ServeArgs::default()
         })

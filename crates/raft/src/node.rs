@@ -542,7 +542,7 @@ impl RaftNode {
                     if self.can_campaign() {
                         self.campaign(false, actions);
                     } else {
-                        self.ask_quiet_leader_for_heartbeats(actions);
+                        self.ask_for_heartbeats(actions);
                     }
                 }
             }

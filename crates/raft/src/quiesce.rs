@@ -155,7 +155,7 @@ impl RaftNode {
     /// quiet again with a new notice; or, with no leader known, every voter
     /// it knows of, whose followers wake on it and wake their leader. A
     /// dead group costs a message per voter per election timeout.
-    pub(crate) fn ask_quiet_leader_for_heartbeats(&mut self, actions: &mut Vec<Action>) {
+    pub(crate) fn ask_for_heartbeats(&mut self, actions: &mut Vec<Action>) {
         let voter = self.config.is_voter(self.options.id);
         if !self.options.quiesce || voter || self.removed {
             return;

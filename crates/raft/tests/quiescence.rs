@@ -848,6 +848,33 @@ fn a_quiet_follower_answers_a_copy_of_an_old_leader_message_without_waking() {
     assert!(!c.raft(a).is_quiescent(), "a higher commit index is news");
 }
 
+/// Ticks every node and delivers what `keep` lets through (the rest is
+/// lost) until `leader` goes quiet, for at most 60 rounds.
+fn tick_until_quiet(c: &mut Cluster, leader: NodeId, keep: impl Fn(&Message) -> bool) {
+    for _ in 0..60 {
+        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
+        for id in ids {
+            c.step(id, Input::Tick);
+        }
+        c.deliver_filtered(&keep);
+        if c.raft(leader).is_quiescent() {
+            break;
+        }
+    }
+    assert!(c.raft(leader).is_quiescent(), "the group did not go quiet");
+}
+
+/// Asserts that node 4 catches up with `commit` and the group goes quiet,
+/// nothing being lost any more.
+fn assert_node_4_catches_up(c: &mut Cluster, commit: u64) {
+    assert!(
+        c.run_until(60, |c| c.raft(4).commit_index() == commit
+            && all_quiescent(c)),
+        "node 4 stayed at commit {} of {commit}",
+        c.raft(4).commit_index()
+    );
+}
+
 /// A quiet group with learner 4 one commit behind it: the learner took the
 /// last write, but the heartbeats after it (commit notices among them) and
 /// the quiesce notice were lost on their way to it. Returns the cluster,
@@ -873,17 +900,7 @@ fn quiet_group_with_a_learner_behind() -> (Cluster, NodeId, u64) {
                 MessageBody::Heartbeat { .. } | MessageBody::Quiesce { .. }
             ))
     };
-    for _ in 0..30 {
-        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
-        for id in ids {
-            c.step(id, Input::Tick);
-        }
-        c.deliver_filtered(lost_to_learner);
-        if c.raft(leader).is_quiescent() {
-            break;
-        }
-    }
-    assert!(c.raft(leader).is_quiescent(), "the group did not go quiet");
+    tick_until_quiet(&mut c, leader, lost_to_learner);
     let commit = c.raft(leader).commit_index();
     assert_eq!(c.raft(4).last_index(), commit);
     assert!(c.raft(4).commit_index() < commit);
@@ -900,12 +917,7 @@ fn quiet_group_with_a_learner_behind() -> (Cluster, NodeId, u64) {
 fn a_learner_that_missed_the_notice_asks_the_quiet_leader_for_heartbeats() {
     let (mut c, _, commit) = quiet_group_with_a_learner_behind();
     // Nothing is lost from now on: the learner's timer brings it level.
-    assert!(
-        c.run_until(60, |c| c.raft(4).commit_index() == commit
-            && all_quiescent(c)),
-        "the learner stayed at commit {} of {commit}",
-        c.raft(4).commit_index()
-    );
+    assert_node_4_catches_up(&mut c, commit);
 }
 
 /// Found by the simulator (seed 313117, 8 groups a node): as above, and
@@ -919,12 +931,7 @@ fn a_restarted_learner_that_knows_no_leader_wakes_a_quiet_group() {
     c.restart(4);
     assert_eq!(c.raft(4).leader(), None);
     assert!(c.raft(4).commit_index() < commit);
-    assert!(
-        c.run_until(60, |c| c.raft(4).commit_index() == commit
-            && all_quiescent(c)),
-        "the learner stayed at commit {} of {commit}",
-        c.raft(4).commit_index()
-    );
+    assert_node_4_catches_up(&mut c, commit);
 }
 
 /// Found by the simulator (seed 1023492, 8 groups a node): a node joined
@@ -965,26 +972,11 @@ fn a_joining_node_that_missed_the_commit_of_its_addition_wakes_a_quiet_group() {
         MessageBody::Quiesce { .. } => m.to != 4,
         _ => true,
     };
-    for _ in 0..60 {
-        let ids: Vec<NodeId> = c.nodes.keys().copied().collect();
-        for id in ids {
-            c.step(id, Input::Tick);
-        }
-        c.deliver_filtered(lost_to_joiner);
-        if c.raft(leader).is_quiescent() {
-            break;
-        }
-    }
-    assert!(c.raft(leader).is_quiescent(), "the group did not go quiet");
+    tick_until_quiet(&mut c, leader, lost_to_joiner);
     let commit = c.raft(leader).commit_index();
     assert_eq!(c.raft(4).last_index(), commit);
     assert!(c.raft(4).commit_index() < commit);
     assert!(!c.raft(4).config().is_learner(4));
-    assert!(
-        c.run_until(60, |c| c.raft(4).commit_index() == commit
-            && all_quiescent(c)),
-        "the joining node stayed at commit {} of {commit}",
-        c.raft(4).commit_index()
-    );
+    assert_node_4_catches_up(&mut c, commit);
     assert!(c.raft(4).config().is_learner(4));
 }

@@ -2,7 +2,16 @@
 //! each rebuilding the situation that showed it.
 
 use ferry_raft::testing::Cluster;
-use ferry_raft::{MembershipChange, MessageBody, Request, RequestError, Response};
+use ferry_raft::{MembershipChange, Message, MessageBody, Request, RequestError, Response};
+
+/// The first `Forward` in flight.
+fn forward_in_flight(c: &Cluster) -> Message {
+    c.network
+        .iter()
+        .find(|m| matches!(m.body, MessageBody::Forward { .. }))
+        .cloned()
+        .expect("a Forward in flight")
+}
 
 /// BUG-SIM-1: a Forward delivered twice must become one log entry, and the
 /// duplicate is answered with the first outcome.
@@ -12,12 +21,7 @@ fn duplicated_forward_is_proposed_once() {
     let leader = c.elect();
     let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
     let r = c.propose(follower, "once");
-    let forward = c
-        .network
-        .iter()
-        .find(|m| matches!(m.body, MessageBody::Forward { .. }))
-        .cloned()
-        .unwrap();
+    let forward = forward_in_flight(&c);
     c.network.push_back(forward.clone());
     c.deliver_all();
     c.network.push_back(forward);
@@ -153,7 +157,7 @@ fn held_append_answer_of_an_older_term_is_not_released() {
 /// `NotLeader` refusal of a forwarded write does not prove "no effect".
 #[test]
 fn not_leader_refusal_of_a_duplicate_forward_does_not_resend_the_write() {
-    use ferry_raft::{Input, Message};
+    use ferry_raft::Input;
     let mut c = Cluster::new(&[1, 2, 3]);
     let leader = c.elect();
     let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
@@ -537,12 +541,7 @@ fn a_restarted_leader_does_not_execute_a_write_forwarded_in_an_older_term() {
     let leader = c.elect();
     let follower = [1u64, 2, 3].into_iter().find(|&n| n != leader).unwrap();
     let r = c.propose(follower, "late");
-    let forward = c
-        .network
-        .iter()
-        .find(|m| matches!(m.body, MessageBody::Forward { .. }))
-        .cloned()
-        .unwrap();
+    let forward = forward_in_flight(&c);
     c.deliver_all();
     assert!(
         matches!(c.response(follower, r), Some(Ok(Response::Proposed { .. }))),

@@ -11,8 +11,9 @@
 //!
 //! A run has a main phase (workload, faults, membership changes) and a
 //! liveness phase (every fault off, slow messages and slow syncs too,
-//! everyone reconnected, restarted and resumed), after which the cluster must have converged within a bounded
-//! number of election timeouts. Safety is checked after every step.
+//! everyone reconnected, restarted and resumed), after which the cluster
+//! must have converged within a bounded number of election timeouts.
+//! Safety is checked after every step.
 
 mod clients;
 mod disk;
@@ -1474,27 +1475,25 @@ impl Simulation {
                         return;
                     }
                 }
-                if let Some(real) = self.nodes.get_mut(&id).and_then(|n| n.real.as_mut()) {
-                    if let Err(e) = real.append(group, &request) {
-                        // A failed write may still have reached the disk:
-                        // the power can go after its record was written and
-                        // before the write ended (a later record of the
-                        // same flush, the space the log reserves ahead).
-                        // The model counts it written and unsynced, which
-                        // the crash that follows may keep or lose, as the
-                        // real disk does.
-                        if let Some(node) = self.nodes.get_mut(&id) {
-                            let _ = node.disk.write(group, request);
-                        }
-                        self.storage_failed(id, e);
-                        return;
-                    }
-                }
-                let result = match self.nodes.get_mut(&id) {
-                    Some(node) => node.disk.write(group, request),
-                    None => return,
+                let Some(node) = self.nodes.get_mut(&id) else {
+                    return;
                 };
-                if let Err(v) = result {
+                let appended = node
+                    .real
+                    .as_mut()
+                    .map_or(Ok(()), |real| real.append(group, &request));
+                // The model counts the write even when the real one failed:
+                // a failed write may still have reached the disk (the power
+                // can go after its record was written and before the write
+                // ended: a later record of the same flush, the space the log
+                // reserves ahead), and the crash that follows may keep or
+                // lose it, as the real disk does.
+                let modelled = node.disk.write(group, request);
+                if let Err(e) = appended {
+                    self.storage_failed(id, e);
+                    return;
+                }
+                if let Err(v) = modelled {
                     self.storage_violation(id, (group, v));
                     return;
                 }
